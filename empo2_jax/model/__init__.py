@@ -1,0 +1,1 @@
+"""empo2_jax.model"""

@@ -1,0 +1,236 @@
+"""Qwen2 decoder as pure functions over a params pytree.
+
+Params (layers stacked on a leading axis L so they can be scanned and sharded by regex):
+
+  embed        [V, D]
+  layers/      attn_norm [L, D]; wq [L, D, H*hd]; bq [L, H*hd]; wk, wv [L, D, K*hd];
+               bk, bv [L, K*hd]; wo [L, H*hd, D]; mlp_norm [L, D];
+               w_gate, w_up [L, D, F]; w_down [L, F, D]
+  final_norm   [D]
+  lm_head      [D, V]   (absent when tie_word_embeddings: the embedding is reused)
+
+Numerics follow Hugging Face's Qwen2: RMSNorm statistics in float32, the normalised value cast back
+to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit positions;
+softmax in float32.
+
+KV cache (for the sampler): a dict with k, v [L, B, S, K, hd] and mask [B, S] (1 where a slot holds
+a real token). `forward(..., cache=cache, cache_index=idx)` writes the new tokens' keys/values into
+slots idx[b] .. idx[b]+T-1 of row b and attends over all valid slots at or before each query's slot.
+The caller guarantees idx[b] + T <= S; padded new tokens (attention_mask 0) are written but marked
+invalid, so the next write can start at idx[b] + (number of real tokens).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from empo2_jax.model.configs import Qwen2Config
+
+Params = dict[str, Any]
+NEG_INF = -1e30
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation
+# ---------------------------------------------------------------------------------------------
+
+def param_shapes(config: Qwen2Config) -> Params:
+  """Shapes of every parameter (the single source for init, loading and sharding)."""
+  c = config
+  L, D, F, V = c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size
+  q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+  shapes = {
+      "embed": (V, D),
+      "layers": {
+          "attn_norm": (L, D), "wq": (L, D, q), "bq": (L, q), "wk": (L, D, kv), "bk": (L, kv),
+          "wv": (L, D, kv), "bv": (L, kv), "wo": (L, q, D), "mlp_norm": (L, D),
+          "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
+      },
+      "final_norm": (D,),
+  }
+  if not c.tie_word_embeddings:
+    shapes["lm_head"] = (D, V)
+  return shapes
+
+
+def init_params(config: Qwen2Config, rng: jax.Array, std: float = 0.02) -> Params:
+  """Random init (normal(std) matrices, zero biases, unit norms) in `config.param_dtype`."""
+  shapes = param_shapes(config)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      shapes, is_leaf=lambda x: isinstance(x, tuple))
+  keys = jax.random.split(rng, len(flat))
+  leaves = []
+  for key, (path, shape) in zip(keys, flat):
+    name = jax.tree_util.keystr(path)
+    if "norm" in name:
+      leaf = jnp.ones(shape, jnp.float32)
+    elif "'b" in name and len(shape) <= 2 and "embed" not in name:
+      leaf = jnp.zeros(shape, jnp.float32)
+    else:
+      leaf = std * jax.random.normal(key, shape, jnp.float32)
+    leaves.append(leaf.astype(config.jnp_param_dtype))
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def init_cache(config: Qwen2Config, batch: int, length: int, dtype=jnp.bfloat16) -> Params:
+  shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+          "mask": jnp.zeros((batch, length), jnp.int32)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  x32 = x.astype(jnp.float32)
+  var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+  normed = (x32 * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+  return weight.astype(x.dtype) * normed
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float):
+  """cos/sin [B, T, hd] in float32; frequencies at highest precision."""
+  exponent = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+  inv_freq = 1.0 / (theta ** exponent)                                  # [hd/2]
+  freqs = jnp.einsum("bt,f->btf", positions.astype(jnp.float32), inv_freq,
+                     precision=jax.lax.Precision.HIGHEST)
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, T, N, hd]; rotate-half convention of Hugging Face."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+  """Position of each token counting only real tokens (left padding gets position 0)."""
+  return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+def _attend(q, k, v, allowed, dtype):
+  """q [B,T,H,hd], k/v [B,S,K,hd], allowed [B,T,S] bool -> [B,T,H*hd]."""
+  b, t, h, hd = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(b, t, kv_heads, h // kv_heads, hd)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dtype)).astype(jnp.float32)
+  scores = scores * (hd ** -0.5)
+  scores = jnp.where(allowed[:, None, None, :, :], scores, NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
+  return out.reshape(b, t, h * hd)
+
+
+def _write_rows(buf: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """buf [B, S, ...] <- new [B, T, ...] at per-row offsets index [B]."""
+  def one(b, n, i):
+    start = (i,) + (0,) * (b.ndim - 1)
+    return jax.lax.dynamic_update_slice(b, n.astype(b.dtype), start)
+  return jax.vmap(one)(buf, new, index)
+
+
+def decoder_layer(config: Qwen2Config, x, layer, cos, sin, allowed, kv_cache=None,
+                  cache_index=None):
+  """One pre-norm decoder block. Returns (x, (k, v)) where k/v are the cache rows if given."""
+  c, dt = config, config.jnp_compute_dtype
+  b, t, _ = x.shape
+  w = lambda n: layer[n].astype(dt)
+
+  h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
+  q = (h @ w("wq") + w("bq")).reshape(b, t, c.num_heads, c.head_dim)
+  k = (h @ w("wk") + w("bk")).reshape(b, t, c.num_kv_heads, c.head_dim)
+  v = (h @ w("wv") + w("bv")).reshape(b, t, c.num_kv_heads, c.head_dim)
+  q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+  if kv_cache is not None:
+    k_all = _write_rows(kv_cache[0], k, cache_index)
+    v_all = _write_rows(kv_cache[1], v, cache_index)
+    new_kv = (k_all, v_all)
+  else:
+    k_all, v_all, new_kv = k, v, None
+  attn = _attend(q, k_all, v_all, allowed, dt)
+  x = x + attn @ w("wo")
+
+  h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
+  mlp = jax.nn.silu(h @ w("w_gate")) * (h @ w("w_up"))
+  x = x + mlp @ w("w_down")
+  return x, new_kv
+
+
+def _remat(fn, policy: str):
+  if policy == "none":
+    return fn
+  if policy == "full":
+    return jax.checkpoint(fn)
+  return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+
+def output_embedding(params: Params, config: Qwen2Config) -> jax.Array:
+  """[D, V] matrix that maps final hidden states to logits."""
+  if config.tie_word_embeddings:
+    return params["embed"].T
+  return params["lm_head"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------------
+
+def forward(params: Params, config: Qwen2Config, tokens: jax.Array, attention_mask: jax.Array,
+            *, positions: Optional[jax.Array] = None, return_hidden: bool = False,
+            cache: Optional[Params] = None, cache_index: Optional[jax.Array] = None):
+  """tokens/attention_mask int32 [B, T] -> logits [B, T, V] float32 (or hidden [B, T, D]).
+
+  With `cache`, returns (out, new_cache); see the module docstring for the cache contract.
+  """
+  c, dt = config, config.jnp_compute_dtype
+  tokens = jnp.asarray(tokens, jnp.int32)
+  attention_mask = jnp.asarray(attention_mask, jnp.int32)
+  if positions is None:
+    if cache is not None:
+      raise ValueError("forward with a cache needs explicit positions")
+    positions = positions_from_mask(attention_mask)
+  b, t = tokens.shape
+  x = params["embed"][tokens].astype(dt)
+  cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+
+  if cache is None:
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    allowed = causal[None] & (attention_mask[:, None, :] > 0)
+    new_mask = None
+  else:
+    s = cache["mask"].shape[1]
+    new_mask = _write_rows(cache["mask"], attention_mask, cache_index)
+    q_slot = cache_index[:, None] + jnp.arange(t)[None, :]                   # [B, T]
+    allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & (new_mask[:, None, :] > 0)
+
+  def body(x, xs):
+    layer, kv = xs
+    return decoder_layer(c, x, layer, cos, sin, allowed, kv, cache_index)
+
+  body = _remat(body, c.remat)
+  kv_in = (cache["k"], cache["v"]) if cache is not None else None
+  if c.scan_layers:
+    x, kv_out = jax.lax.scan(body, x, (params["layers"], kv_in))
+  else:
+    outs = []
+    for i in range(c.num_layers):
+      layer_i = jax.tree.map(lambda a: a[i], params["layers"])
+      kv_i = None if kv_in is None else (kv_in[0][i], kv_in[1][i])
+      x, kv_o = body(x, (layer_i, kv_i))
+      outs.append(kv_o)
+    kv_out = None if kv_in is None else tuple(jnp.stack(z) for z in zip(*outs))
+
+  x = rms_norm(x, params["final_norm"], c.rms_norm_eps)
+  if return_hidden:
+    out = x
+  else:
+    out = jnp.einsum("btd,dv->btv", x, output_embedding(params, c).astype(dt)).astype(jnp.float32)
+  if cache is None:
+    return out
+  return out, {"k": kv_out[0], "v": kv_out[1], "mask": new_mask}

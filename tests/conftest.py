@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny random Hugging Face Qwen2 checkpoints written with transformers."""
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def make_hf_checkpoint(path, *, vocab=512, hidden=64, inter=96, layers=2, heads=4, kv_heads=2,
+                       head_dim=None, tie=False, theta=10000.0, seed=0):
+  """Save a random-init transformers Qwen2ForCausalLM (fp32) to `path`; returns the torch model."""
+  import torch
+  from transformers import Qwen2Config, Qwen2ForCausalLM
+  torch.manual_seed(seed)
+  cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                    num_hidden_layers=layers, num_attention_heads=heads,
+                    num_key_value_heads=kv_heads, rope_theta=theta, tie_word_embeddings=tie,
+                    max_position_embeddings=4096, rms_norm_eps=1e-6,
+                    head_dim=head_dim or hidden // heads)
+  model = Qwen2ForCausalLM(cfg).eval()
+  with torch.no_grad():  # random biases and norms so those paths are exercised
+    for name, p in model.named_parameters():
+      if name.endswith("bias") or "norm" in name:
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(path, safe_serialization=True)
+  return model
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("hf_tiny"))
+  model = make_hf_checkpoint(path)
+  return path, model
+
+
+def random_batch(rng, batch, length, vocab, left_pad=(), right_pad=()):
+  tokens = rng.integers(0, vocab, size=(batch, length)).astype(np.int32)
+  mask = np.ones((batch, length), np.int32)
+  for row, n in left_pad:
+    mask[row, :n] = 0
+    tokens[row, :n] = 0
+  for row, n in right_pad:
+    mask[row, length - n:] = 0
+    tokens[row, length - n:] = 0
+  return tokens, mask
