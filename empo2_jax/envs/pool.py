@@ -1,0 +1,354 @@
+"""A pool of worker processes, each owning one ScienceWorld JVM, that steps many episodes at once.
+
+  with EnvPool(SciWorldConfig(), PoolConfig(num_workers=4)) as pool:
+    first = pool.reset([("find-plant", 0), ("find-plant", 1), ...])   # one slot per episode
+    results = pool.step(["open door to greenhouse", None, ...])       # None: leave slot alone
+
+Slot i lives on worker i % num_workers; a worker hosts all its slots in its one JVM. Each call
+sends every worker its share first and then collects, so workers run in parallel.
+
+Failures never reach the caller as exceptions: a worker that errors, dies or stays silent past
+`call_timeout_s` is killed (with its JVM) and replaced; its unfinished episodes are reset and
+their recorded action texts replayed, then the pending step is sent again. After `max_retries`
+failed replacements in one call the worker's unfinished episodes end with `env_failed=True`.
+`close()` (also run by the context manager and at interpreter exit) ends every worker and JVM.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import signal
+import traceback
+from typing import Any, Sequence
+
+from empo2_jax.envs.base import ResetInfo, ResetResult, StepInfo, StepResult, check_task
+from empo2_jax.envs.scienceworld import ALL_TASKS, SciWorldConfig, SciWorldEnv, ScienceWorldJvm
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+  num_workers: int = 4
+  java_tool_options: str = "-Xmx512m"  # JAVA_TOOL_OPTIONS of every worker's JVM
+  call_timeout_s: float = 120.0        # a worker silent this long on one call counts as hung
+  start_timeout_s: float = 180.0       # worker start-up, JVM included
+  close_timeout_s: float = 15.0
+  max_retries: int = 3                 # worker replacements per call before episodes are failed
+
+  def __post_init__(self):
+    if self.num_workers < 1 or self.max_retries < 0:
+      raise ValueError(f"PoolConfig needs num_workers >= 1 and max_retries >= 0, got {self}.")
+
+
+# ---------------------------------------------------------------------------- worker process
+def _worker_main(conn, env_config: SciWorldConfig) -> None:
+  """Serves ('reset', [(slot, task, variation, replay_actions)]) and ('step', [(slot, action)])."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+  logging.getLogger("py4j").setLevel(logging.CRITICAL)  # a dead JVM is reported to the parent
+  try:
+    jvm = ScienceWorldJvm(env_config.java_tool_options)
+  except Exception:  # pylint: disable=broad-except
+    conn.send(("error", traceback.format_exc()))
+    return
+  envs: dict[int, SciWorldEnv] = {}
+  try:
+    conn.send(("ready", jvm.pid))
+    while True:
+      try:
+        cmd, payload = conn.recv()
+      except EOFError:  # parent gone
+        break
+      if cmd == "close":
+        break
+      try:
+        if cmd == "reset":
+          out = []
+          for slot, task, variation, replay in payload:
+            env = envs.get(slot) or envs.setdefault(slot, SciWorldEnv(env_config, jvm=jvm))
+            first = env.reset(task, variation)
+            for action in replay:
+              env.step(action)
+            out.append(first)
+        elif cmd == "step":
+          out = [envs[slot].step(action) for slot, action in payload]
+        else:
+          raise ValueError(f"unknown worker command {cmd!r}")
+      except ValueError as e:  # bad input from the caller: report it, keep serving
+        conn.send(("bad_input", str(e)))
+        continue
+      except Exception:  # pylint: disable=broad-except  (JVM gone or broken: this worker ends)
+        conn.send(("error", traceback.format_exc()))
+        break
+      conn.send(("ok", out))
+  finally:
+    with contextlib.suppress(Exception):
+      conn.close()
+    jvm.close()
+
+
+# ---------------------------------------------------------------------------- process helpers
+def _proc_start_time(pid: int) -> str | None:
+  """Start time of a live, non-zombie process from /proc, or None (guards against pid reuse)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except (FileNotFoundError, ProcessLookupError, IndexError):
+    return None
+  return None if fields[0] == "Z" else fields[19]
+
+
+def _kill_if_same(pid: int, start_time: str | None) -> None:
+  if pid and start_time is not None and _proc_start_time(pid) == start_time:
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(pid, signal.SIGKILL)
+
+
+@dataclasses.dataclass
+class _Worker:
+  process: Any
+  conn: Any
+  java_pid: int = 0
+  java_start: str | None = None
+  dirty: bool = False              # a reply may be pending from an interrupted call
+  send_error: str | None = None
+
+
+@dataclasses.dataclass
+class _Episode:
+  task: str
+  variation: int
+  worker: int
+  actions: list[str] = dataclasses.field(default_factory=list)
+  done: bool = False
+  failed: bool = False
+  score: int = 0
+  steps: int = 0
+
+
+class _WorkerFailed(Exception):
+  pass
+
+
+# ---------------------------------------------------------------------------- the pool
+class EnvPool:
+  """Steps many ScienceWorld episodes in `num_workers` processes; see the module docstring."""
+
+  def __init__(self, env_config: SciWorldConfig | None = None,
+               pool_config: PoolConfig | None = None):
+    self.env_config = env_config or SciWorldConfig()
+    self.config = pool_config or PoolConfig()
+    self.env_config = dataclasses.replace(self.env_config,
+                                          java_tool_options=self.config.java_tool_options)
+    self._ctx = mp.get_context("spawn")
+    self._workers: list[_Worker | None] = [None] * self.config.num_workers
+    self._episodes: list[_Episode] = []
+    self.restarts = 0                     # worker replacements so far
+    self.java_pids_started: list[int] = []
+    self._closed = False
+    atexit.register(self.close)
+    try:
+      handles = [self._spawn() for _ in range(self.config.num_workers)]
+      for i, handle in enumerate(handles):
+        self._workers[i] = self._await_ready(handle)
+    except BaseException:
+      self.close()
+      raise
+
+  # ----------------------------------------------------------------- public API
+  def reset(self, episodes: Sequence[tuple[str, int]]) -> list[ResetResult]:
+    """Starts one episode per (task, variation); slot i of later calls is episodes[i]."""
+    self._check_open()
+    for task, _ in episodes:
+      check_task(task, ALL_TASKS)
+    n = self.config.num_workers
+    self._episodes = [_Episode(task, int(var), i % n) for i, (task, var) in enumerate(episodes)]
+    jobs = {w: [] for w in range(n)}
+    for slot, ep in enumerate(self._episodes):
+      jobs[ep.worker].append((slot, ep.task, ep.variation, []))
+    replies = self._run({w: ("reset", items) for w, items in jobs.items() if items})
+    out: list[ResetResult | None] = [None] * len(self._episodes)
+    for w, items in jobs.items():
+      for (slot, *_), result in zip(items, replies.get(w) or [None] * len(items)):
+        out[slot] = result if result is not None else self._failed_reset(slot)
+    return out
+
+  def step(self, actions: Sequence[str | None]) -> list[StepResult | None]:
+    """One step for every slot whose action is not None; returns None for the others."""
+    self._check_open()
+    if len(actions) != len(self._episodes):
+      raise ValueError(f"step got {len(actions)} actions for {len(self._episodes)} episodes "
+                       "(pass None for a slot that should not move).")
+    out: list[StepResult | None] = [None] * len(actions)
+    jobs: dict[int, list] = {}
+    for slot, action in enumerate(actions):
+      if action is None:
+        continue
+      ep = self._episodes[slot]
+      if ep.failed:
+        out[slot] = self._failed_step(slot, action)
+      elif ep.done:
+        raise ValueError(f"Slot {slot} ({ep.task}, variation {ep.variation}) is done; "
+                         "pass None for it or call reset.")
+      else:
+        jobs.setdefault(ep.worker, []).append((slot, str(action)))
+    replies = self._run({w: ("step", items) for w, items in jobs.items()})
+    for w, items in jobs.items():
+      results = replies.get(w)
+      for slot, action in items:
+        ep = self._episodes[slot]
+        if results is None:  # gave up on this worker
+          out[slot] = self._failed_step(slot, action)
+          continue
+        result = results.pop(0)
+        ep.actions.append(action)
+        ep.done, ep.score, ep.steps = result.done, result.info.score, result.info.steps
+        out[slot] = result
+    return out
+
+  def java_pids(self) -> list[int]:
+    """JVM process ids of the current workers."""
+    return [w.java_pid for w in self._workers if w is not None]
+
+  def close(self) -> None:
+    if self._closed:
+      return
+    self._closed = True
+    atexit.unregister(self.close)
+    for handle in self._workers:
+      if handle is not None:
+        with contextlib.suppress(Exception):
+          handle.conn.send(("close", None))
+    for i, handle in enumerate(self._workers):
+      if handle is not None:
+        handle.process.join(self.config.close_timeout_s)
+        self._kill(handle)
+        self._workers[i] = None
+
+  def __enter__(self) -> "EnvPool":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  # ----------------------------------------------------------------- calls with recovery
+  def _run(self, calls: dict[int, tuple[str, list]]) -> dict[int, list | None]:
+    """Sends every worker its call, then collects; a failed worker is recovered (or None)."""
+    for w in calls:
+      if self._workers[w].dirty:
+        self._replace(w)
+    for w, (cmd, items) in calls.items():
+      self._send(w, cmd, items)
+    replies: dict[int, list | None] = {}
+    for w, (cmd, items) in calls.items():
+      try:
+        replies[w] = self._receive(w)
+      except _WorkerFailed:
+        replies[w] = self._recover(w, cmd, items)
+    return replies
+
+  def _recover(self, w: int, cmd: str, items: list) -> list | None:
+    for _ in range(self.config.max_retries):
+      try:
+        self._replace(w)
+        live = [(s, ep) for s, ep in enumerate(self._episodes)
+                if ep.worker == w and not ep.done and not ep.failed]
+        replay = [(s, ep.task, ep.variation, list(ep.actions)) for s, ep in live]
+        reset_out: list = []
+        if replay:
+          self._send(w, "reset", replay)
+          reset_out = self._receive(w)
+        if cmd == "reset":
+          return reset_out
+        self._send(w, cmd, items)
+        return self._receive(w)
+      except _WorkerFailed:
+        continue
+    for ep in self._episodes:
+      if ep.worker == w and not ep.done:
+        ep.failed = True
+    return None
+
+  def _send(self, w: int, cmd: str, items: list) -> None:
+    handle = self._workers[w]
+    handle.dirty = True
+    try:
+      handle.conn.send((cmd, items))
+    except (OSError, ValueError) as e:  # broken pipe: reported by the matching _receive
+      handle.send_error = f"worker {w}: send failed: {e!r}"
+
+  def _receive(self, w: int) -> list:
+    handle = self._workers[w]
+    if handle.send_error is not None:
+      raise _WorkerFailed(handle.send_error)
+    try:
+      if not handle.conn.poll(self.config.call_timeout_s):
+        raise _WorkerFailed(f"worker {w} silent for {self.config.call_timeout_s} s")
+      kind, payload = handle.conn.recv()
+    except (EOFError, OSError) as e:
+      raise _WorkerFailed(f"worker {w} died: {e!r}") from e
+    handle.dirty = False
+    if kind == "bad_input":
+      raise ValueError(payload)
+    if kind != "ok":
+      raise _WorkerFailed(f"worker {w} failed:\n{payload}")
+    return payload
+
+  # ----------------------------------------------------------------- worker lifecycle
+  def _spawn(self) -> _Worker:
+    parent, child = self._ctx.Pipe()
+    process = self._ctx.Process(target=_worker_main, args=(child, self.env_config), daemon=True,
+                                name="sciworld-worker")
+    process.start()
+    child.close()
+    return _Worker(process=process, conn=parent)
+
+  def _await_ready(self, handle: _Worker) -> _Worker:
+    if not handle.conn.poll(self.config.start_timeout_s):
+      self._kill(handle)
+      raise RuntimeError(f"A ScienceWorld worker did not start within "
+                         f"{self.config.start_timeout_s} s (PoolConfig.start_timeout_s).")
+    kind, payload = handle.conn.recv()
+    if kind != "ready":
+      self._kill(handle)
+      raise RuntimeError(f"A ScienceWorld worker failed to start its JVM:\n{payload}")
+    handle.java_pid, handle.java_start = payload, _proc_start_time(payload)
+    self.java_pids_started.append(payload)
+    return handle
+
+  def _replace(self, w: int) -> None:
+    self._kill(self._workers[w])
+    self.restarts += 1
+    try:
+      self._workers[w] = self._await_ready(self._spawn())
+    except (RuntimeError, EOFError, OSError) as e:
+      raise _WorkerFailed(str(e)) from e
+
+  def _kill(self, handle: _Worker) -> None:
+    """Ends a worker and its JVM for sure (both SIGKILLed if still running)."""
+    if handle.process.is_alive():
+      handle.process.kill()
+    handle.process.join(5)
+    _kill_if_same(handle.java_pid, handle.java_start)
+    with contextlib.suppress(Exception):
+      handle.conn.close()
+
+  # ----------------------------------------------------------------- failure records
+  def _failed_reset(self, slot: int) -> ResetResult:
+    ep = self._episodes[slot]
+    ep.failed = True
+    info = ResetInfo(task=ep.task, variation=ep.variation, task_description="", inventory="",
+                     look="", max_steps=self.env_config.max_steps(ep.task), env_failed=True)
+    return ResetResult("", info)
+
+  def _failed_step(self, slot: int, action: str) -> StepResult:
+    ep = self._episodes[slot]
+    info = StepInfo(score=ep.score, valid=False, raw_action=action, executed_action="",
+                    moves=0, steps=ep.steps, truncated=False, success=False, env_failed=True)
+    return StepResult("", 0.0, True, info)
+
+  def _check_open(self) -> None:
+    if self._closed:
+      raise RuntimeError("This EnvPool is closed; create a new one.")

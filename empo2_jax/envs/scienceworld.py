@@ -1,0 +1,310 @@
+"""ScienceWorld (1.2.3, PyPI) as a `TextEnv`, set up as in SPEC §7.
+
+Speed: the library's `ScienceWorldEnv.step` asks the JVM for every valid action, the look-around and
+the inventory after each step. `SciWorldEnv.step` talks to the same Java object (`PythonInterface`)
+but only sends the action and reads score, completion and move count — the state changes and the
+numbers are the library's. Valid actions are fetched only when the parser rejects the agent's text
+and it must be corrected (`actions.correct_action`).
+
+One JVM can host many episodes: every `SciWorldEnv` owns a `PythonInterface` of its own, and several
+envs may share one `ScienceWorldJvm` (the process pool does this). Observation text may list objects
+in a different order from run to run of the same variation (the simulator's own behaviour); the
+scores do not change.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import numbers
+import os
+import subprocess
+from typing import Iterator
+
+from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+from scienceworld.constants import BASEPATH, JAR_PATH
+
+from empo2_jax.envs import actions
+from empo2_jax.envs.base import (ResetInfo, ResetResult, Split, StepInfo, StepResult, check_split,
+                                 check_task)
+
+# The 30 tasks of ScienceWorld 1.2.3 (the simulator's own order).
+ALL_TASKS: tuple[str, ...] = (
+    "boil", "change-the-state-of-matter-of", "chemistry-mix",
+    "chemistry-mix-paint-secondary-color", "chemistry-mix-paint-tertiary-color", "find-animal",
+    "find-living-thing", "find-non-living-thing", "find-plant", "freeze", "grow-fruit",
+    "grow-plant", "identify-life-stages-1", "identify-life-stages-2",
+    "inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
+    "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived",
+    "lifespan-longest-lived-then-shortest-lived", "lifespan-shortest-lived",
+    "measure-melting-point-known-substance", "measure-melting-point-unknown-substance", "melt",
+    "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant", "power-component",
+    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity",
+    "test-conductivity-of-unknown-substances", "use-thermometer",
+)
+
+# The 18 tasks the EMPO2 paper reports (SPEC §7).
+PAPER_TASKS: tuple[str, ...] = (
+    "chemistry-mix", "chemistry-mix-paint-secondary-color", "chemistry-mix-paint-tertiary-color",
+    "find-animal", "find-living-thing", "find-non-living-thing", "find-plant",
+    "identify-life-stages-1", "identify-life-stages-2", "lifespan-longest-lived",
+    "lifespan-longest-lived-then-shortest-lived", "lifespan-shortest-lived", "power-component",
+    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity",
+    "test-conductivity-of-unknown-substances", "measure-melting-point-known-substance",
+    "use-thermometer",
+)
+
+FAILURE_SCORE = -100  # what the simulator reports when the task is failed (e.g. wrong focus)
+
+
+@dataclasses.dataclass(frozen=True)
+class SciWorldConfig:
+  """Every number of the ScienceWorld setup; defaults are the paper's (SPEC §7)."""
+  simplification: str = "easy"
+  env_step_limit: int = 100          # simulator moves before it ends the episode
+  default_max_steps: int = 30        # agent steps per episode, unless overridden below
+  max_steps_overrides: tuple[tuple[str, int], ...] = (
+      ("chemistry-mix", 60), ("measure-melting-point-known-substance", 120), ("boil", 100),
+      ("grow-fruit", 60))
+  num_train_rows: int = 5            # first train variations used as training rows
+  num_dev_rows: int = 20
+  num_test_rows: int = 20            # first test variations used for evaluation
+  success_score: int = 70            # success = done and score > success_score
+  fallback_action: str = actions.DEFAULT_FALLBACK_ACTION
+  java_tool_options: str = "-Xmx512m"
+
+  def __post_init__(self):
+    for task, _ in self.max_steps_overrides:
+      check_task(task, ALL_TASKS)
+
+  def max_steps(self, task: str) -> int:
+    check_task(task, ALL_TASKS)
+    return dict(self.max_steps_overrides).get(task, self.default_max_steps)
+
+  def num_rows(self, split: Split) -> int:
+    check_split(split)
+    return {"train": self.num_train_rows, "dev": self.num_dev_rows,
+            "test": self.num_test_rows}[split]
+
+
+@contextlib.contextmanager
+def _env_var(name: str, value: str | None) -> Iterator[None]:
+  """Sets an environment variable for the duration of the block (a child process inherits it)."""
+  old = os.environ.get(name)
+  if value is None:
+    os.environ.pop(name, None)
+  else:
+    os.environ[name] = value
+  try:
+    yield
+  finally:
+    if old is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = old
+
+
+class ScienceWorldJvm:
+  """One ScienceWorld JVM behind a py4j gateway, in its own process group (Ctrl-C spares it; the
+  owner closes it). It exits by itself when its owner process dies (py4j --die-on-broken-pipe)."""
+
+  def __init__(self, java_tool_options: str | None = "-Xmx512m"):
+    with _env_var("JAVA_TOOL_OPTIONS", java_tool_options):
+      port, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH,
+                                  return_proc=True, create_new_process_group=True)
+    self.process: subprocess.Popen = proc
+    self._gateway = JavaGateway(gateway_parameters=GatewayParameters(auto_field=True, port=port),
+                                java_process=proc)
+    self._closed = False
+
+  @property
+  def pid(self) -> int:
+    return self.process.pid
+
+  def new_server(self):
+    """A fresh simulator instance (a Java `PythonInterface`) inside this JVM."""
+    if self._closed:
+      raise RuntimeError("This ScienceWorld JVM is closed; start a new ScienceWorldJvm.")
+    return self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
+
+  def close(self, timeout_s: float = 10.0) -> None:
+    if self._closed:
+      return
+    self._closed = True
+    with contextlib.suppress(Exception):
+      self._gateway.shutdown()
+    if self.process.poll() is None:
+      with contextlib.suppress(OSError, ValueError):  # a newline makes the gateway exit
+        self.process.stdin.write(b"\n")
+        self.process.stdin.flush()
+      try:
+        self.process.wait(timeout=timeout_s)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+        self.process.wait()
+
+
+class SciWorldEnv:
+  """ScienceWorld episodes with the paper's setup. Not thread-safe; one episode at a time.
+
+  `jvm=None` starts a JVM owned (and closed) by this env; pass a `ScienceWorldJvm` to share one.
+  """
+
+  def __init__(self, config: SciWorldConfig | None = None, jvm: ScienceWorldJvm | None = None):
+    self.config = config or SciWorldConfig()
+    self._owns_jvm = jvm is None
+    self._jvm = jvm if jvm is not None else ScienceWorldJvm(self.config.java_tool_options)
+    self._server = self._jvm.new_server()
+    self._scratch = None  # second simulator for split lists and gold paths (keeps episode intact)
+    self._split_cache: dict[tuple[str, str], list[int]] = {}
+    self._task: str | None = None
+    self._variation = -1
+    self._last_score = 0
+    self._last_obs = ""
+    self._steps = 0
+    self._done = False
+
+  # ----------------------------------------------------------------- tasks and splits
+  @property
+  def tasks(self) -> tuple[str, ...]:
+    return ALL_TASKS
+
+  def max_variations(self, task: str) -> int:
+    check_task(task, ALL_TASKS)
+    return int(self._server.getTaskMaxVariations(task))
+
+  def variations(self, task: str, split: Split) -> list[int]:
+    """All variations of `task` in `split` (train/dev/test, the simulator's fixed split)."""
+    check_task(task, ALL_TASKS)
+    check_split(split)
+    key = (task, split)
+    if key not in self._split_cache:
+      scratch = self._scratch_server()
+      scratch.load(task, 0, self.config.simplification, False)
+      self._split_cache[(task, "train")] = [int(v) for v in scratch.getVariationsTrain()]
+      self._split_cache[(task, "dev")] = [int(v) for v in scratch.getVariationsDev()]
+      self._split_cache[(task, "test")] = [int(v) for v in scratch.getVariationsTest()]
+    return list(self._split_cache[key])
+
+  def rows(self, task: str, split: Split) -> list[int]:
+    """The variations used for `split`: the first `config.num_rows(split)` of it (SPEC §7)."""
+    return self.variations(task, split)[:self.config.num_rows(split)]
+
+  def gold_actions(self, task: str, variation: int) -> list[str]:
+    """The library's gold action sequence for (task, variation); leaves the episode untouched."""
+    self._check_variation(task, variation)
+    scratch = self._scratch_server()
+    scratch.load(task, int(variation), self.config.simplification, True)
+    return [str(a) for a in scratch.getGoldActionSequence()]
+
+  # ----------------------------------------------------------------- episode
+  def reset(self, task: str, variation: int) -> ResetResult:
+    self._check_variation(task, variation)
+    variation = int(variation)
+    server = self._server
+    server.load(task, variation, self.config.simplification, False)
+    server.reset()
+    observation = str(server.step("look around"))  # the library's reset does the same
+    self._task, self._variation = task, variation
+    # Rewards are measured from 0, not from the score after the opening look-around, so the
+    # return equals the final score (SPEC §7); only the first step's reward can differ from the
+    # library's (which starts from the post-reset score).
+    self._last_score = 0
+    self._last_obs = observation
+    self._steps = 0
+    self._done = False
+    info = ResetInfo(task=task, variation=variation,
+                     task_description=str(server.getTaskDescription()),
+                     inventory=self.inventory(), look=self.look(),
+                     max_steps=self.config.max_steps(task))
+    return ResetResult(observation, info)
+
+  def step(self, action_text: str) -> StepResult:
+    if self._task is None:
+      raise RuntimeError("SciWorldEnv.step called before reset(task, variation).")
+    if self._done:
+      raise RuntimeError(f"The episode ({self._task}, variation {self._variation}) is over; "
+                         "call reset before stepping again.")
+    text = actions.normalize_action(action_text)
+    options = actions.parse_ambiguity_options(self._last_obs)
+    if options:
+      executed, valid = actions.resolve_ambiguity(text, options)
+      observation = str(self._server.step(executed))
+    else:
+      executed = text
+      observation = str(self._server.step(text))
+      valid = observation != actions.PARSER_REJECTION
+      if not valid:
+        executed = actions.correct_action(text, self.valid_actions(),
+                                          fallback=self.config.fallback_action)
+        observation = str(self._server.step(executed))
+    return self._finish_step(observation, action_text, executed, valid)
+
+  def _finish_step(self, observation: str, raw: str, executed: str, valid: bool) -> StepResult:
+    server = self._server
+    score = self._score()
+    moves = int(server.getNumMoves())
+    reward = score - self._last_score
+    self._last_score = score
+    self._last_obs = observation
+    self._steps += 1
+    # The library's end conditions: completed, past the move limit, or failed (negative score).
+    sim_done = bool(server.getCompleted()) or moves > self.config.env_step_limit or score < 0
+    truncated = not sim_done and self._steps >= self.config.max_steps(self._task)
+    done = sim_done or truncated
+    self._done = done
+    info = StepInfo(score=score, valid=valid, raw_action=raw, executed_action=executed,
+                    moves=moves, steps=self._steps, truncated=truncated,
+                    success=done and score > self.config.success_score)
+    return StepResult(observation, float(reward), done, info)
+
+  def _score(self) -> int:
+    return int(round(100 * self._server.getScore()))  # simulator reports 0..1 (or -1)
+
+  # ----------------------------------------------------------------- prompt material
+  def valid_actions(self) -> list[str]:
+    """Every valid action in the current state, sorted (costs ~0.05-0.2 s)."""
+    return sorted(str(a) for a in self._server.getValidActionObjectCombinations())
+
+  def action_templates(self) -> list[str]:
+    """Action templates such as 'open OBJ' and 'move OBJ to OBJ'."""
+    return [str(a) for a in self._server.getPossibleActions()]
+
+  def focus_items(self) -> list[str]:
+    """Objects the agent may currently `focus on` (focusing on a wrong one fails the task)."""
+    prefix = "focus on "
+    return sorted(a[len(prefix):] for a in self.valid_actions() if a.startswith(prefix))
+
+  def inventory(self) -> str:
+    return str(self._server.freeActionInventory())
+
+  def look(self) -> str:
+    return str(self._server.freeActionLook())
+
+  def task_description(self) -> str:
+    return str(self._server.getTaskDescription())
+
+  @property
+  def jvm_pid(self) -> int:
+    return self._jvm.pid
+
+  def close(self) -> None:
+    if self._owns_jvm:
+      self._jvm.close()
+
+  def __enter__(self) -> "SciWorldEnv":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  # ----------------------------------------------------------------- helpers
+  def _scratch_server(self):
+    if self._scratch is None:
+      self._scratch = self._jvm.new_server()
+    return self._scratch
+
+  def _check_variation(self, task: str, variation: int) -> None:
+    n = self.max_variations(task)
+    if not isinstance(variation, numbers.Integral) or not 0 <= variation < n:
+      raise ValueError(f"Variation {variation!r} is out of range for task {task!r} "
+                       f"(0..{n - 1}).")

@@ -1,0 +1,179 @@
+"""Ahead-of-time compilation for TPU topologies from a CPU machine (libtpu, no TPU needed).
+
+A program is lowered on abstract, sharded inputs (ShapeDtypeStructs: no param is allocated) over
+the devices of `jax.experimental.topologies.get_topology_desc(name)` and compiled by libtpu. The
+report gives per-chip memory (argument + output + temp - aliased), whether that fits the chip's
+HBM, the compiler's flop count and estimated run time, and the implied model-flops utilisation.
+
+Programs live in `PROGRAMS` (name -> builder). A builder takes (model_config, mesh, request) and
+returns `Program(fn, args, model_flops)`; later issues add the EMPO2 `train_step` and `sampler`:
+
+    @register_program("train_step")
+    def _build(config, mesh, req): ...
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import topologies
+
+from empo2_jax.model import qwen2
+from empo2_jax.model.configs import Qwen2Config, get_preset
+from empo2_jax.parallel import sharding as shd
+from empo2_jax.parallel.mesh import make_mesh
+from empo2_jax.parallel.train_lm import (LMTrainConfig, abstract_train_state, make_lm_train_step,
+                                         make_optimizer, make_sharded_forward)
+
+GIB = 1024 ** 3
+# Per chip, from Google Cloud's TPU system-architecture pages.
+HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+PEAK_BF16_TFLOPS = {"v4": 275, "v5e": 197, "v5p": 459, "v6e": 918}
+TOPOLOGY_EXAMPLES = ("v4:2x2x1", "v4:2x2x2", "v5e:2x2", "v5e:2x4", "v5p:2x2x1", "v5p:2x2x2",
+                     "v6e:2x2", "v6e:4x4")
+
+
+@dataclasses.dataclass(frozen=True)
+class AotRequest:
+  program: str
+  preset: str
+  topology: str
+  batch: int
+  seq: int
+  mesh: str = "data=1,fsdp=-1,tensor=1"
+  remat: str = "full"
+  param_dtype: str = "float32"
+  compute_dtype: str = "bfloat16"
+  num_microbatches: int = 1
+  loss_chunk: int = 512
+  hbm_gib: float | None = None   # override the chip table (what-if / tests)
+
+
+class Program(NamedTuple):
+  fn: Any            # a jitted function
+  args: tuple        # abstract, sharded arguments for fn.lower
+  model_flops: float  # useful flops of one call (for MFU), whole mesh
+
+
+PROGRAMS: dict[str, Callable[[Qwen2Config, Any, AotRequest], Program]] = {}
+
+
+def register_program(name: str):
+  def deco(builder):
+    PROGRAMS[name] = builder
+    return builder
+  return deco
+
+
+def forward_flops_per_token(c: Qwen2Config, seq: int) -> float:
+  """2 x matmul params + attention scores and values (full T x T, as our kernel computes)."""
+  q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+  layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
+  matmul = c.num_layers * layer + c.hidden_size * c.vocab_size
+  return 2.0 * matmul + 4.0 * c.num_layers * seq * q
+
+
+def _batch_args(mesh, req: AotRequest):
+  sh = shd.batch_sharding(mesh)
+  spec = jax.ShapeDtypeStruct((req.batch, req.seq), jnp.int32, sharding=sh)
+  return spec, spec
+
+
+@register_program("forward")
+def _forward(config, mesh, req):
+  params = shd.abstract_on_mesh(
+      jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0))), mesh)
+  tokens, mask = _batch_args(mesh, req)
+  flops = forward_flops_per_token(config, req.seq) * req.batch * req.seq
+  return Program(make_sharded_forward(config, mesh), (params, tokens, mask), flops)
+
+
+@register_program("lm_train_step")
+def _lm_train_step(config, mesh, req):
+  cfg = LMTrainConfig(num_microbatches=req.num_microbatches, loss_chunk=req.loss_chunk)
+  state = shd.abstract_on_mesh(abstract_train_state(config, make_optimizer(cfg)), mesh)
+  tokens, mask = _batch_args(mesh, req)
+  flops = 3 * forward_flops_per_token(config, req.seq) * req.batch * req.seq
+  return Program(make_lm_train_step(config, mesh, cfg), (state, {"tokens": tokens, "mask": mask}),
+                 flops)
+
+
+def topology_devices(name: str) -> list:
+  gen = name.split(":")[0]
+  if ":" not in name or gen not in HBM_GIB:
+    raise ValueError(f"unknown TPU topology {name!r}; give <generation>:<chips>, generation one "
+                     f"of {sorted(HBM_GIB)}, e.g. {', '.join(TOPOLOGY_EXAMPLES)}")
+  try:
+    return list(topologies.get_topology_desc(name, "tpu").devices)
+  except Exception as e:  # libtpu's message, e.g. a layout its host bounds cannot split
+    raise ValueError(f"libtpu rejected topology {name!r} ({e}); valid examples: "
+                     f"{', '.join(TOPOLOGY_EXAMPLES)}") from e
+
+
+def _cost(compiled) -> dict:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
+
+
+def compile_program(req: AotRequest) -> dict:
+  """Compile `req.program` for `req.topology` and return the figures of the report."""
+  if req.program not in PROGRAMS:
+    raise ValueError(f"unknown program {req.program!r}; registered: {sorted(PROGRAMS)}")
+  devices = topology_devices(req.topology)
+  gen = req.topology.split(":")[0]
+  chips = len({tuple(d.coords) for d in devices})
+  per_chip_devices = len(devices) // chips
+  config = get_preset(req.preset, remat=req.remat, param_dtype=req.param_dtype,
+                      compute_dtype=req.compute_dtype)
+  mesh = make_mesh(req.mesh, devices)
+  prog = PROGRAMS[req.program](config, mesh, req)
+
+  t0 = time.time()
+  compiled = prog.fn.lower(*prog.args).compile()
+  compile_s = time.time() - t0
+  mem = compiled.memory_analysis()
+  per_device = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                + mem.temp_size_in_bytes - mem.alias_size_in_bytes
+                + mem.generated_code_size_in_bytes)
+  per_chip_gib = per_device * per_chip_devices / GIB
+  hbm = req.hbm_gib if req.hbm_gib is not None else HBM_GIB[gen]
+  cost = _cost(compiled)
+  flops_device = float(cost.get("flops", 0.0))
+  est_s = float(cost.get("optimal_seconds", 0.0))
+  peak = PEAK_BF16_TFLOPS[gen] * 1e12 * chips
+  return {
+      "program": req.program, "preset": req.preset, "topology": req.topology,
+      "mesh": dict(mesh.shape), "chips": chips, "devices": len(devices),
+      "params_b": config.num_params() / 1e9, "compile_s": compile_s,
+      "argument_gib": mem.argument_size_in_bytes / GIB, "output_gib": mem.output_size_in_bytes / GIB,
+      "temp_gib": mem.temp_size_in_bytes / GIB, "alias_gib": mem.alias_size_in_bytes / GIB,
+      "per_chip_gib": per_chip_gib, "hbm_gib": hbm, "fits": per_chip_gib <= hbm,
+      "compiler_flops": flops_device * len(devices), "model_flops": prog.model_flops,
+      "est_seconds": est_s,
+      "est_mfu": prog.model_flops / (peak * est_s) if est_s > 0 else float("nan"),
+  }
+
+
+def format_report(r: dict, req: AotRequest) -> str:
+  lines = [
+      f"program {r['program']}  preset {r['preset']} ({r['params_b']:.2f}B params)  topology "
+      f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}",
+      f"batch {req.batch} x seq {req.seq}, micro-batches {req.num_microbatches}, remat "
+      f"{req.remat}, params {req.param_dtype}, compute {req.compute_dtype}; compiled in "
+      f"{r['compile_s']:.1f}s",
+      f"per device: arguments {r['argument_gib']:.3f} GiB, outputs {r['output_gib']:.3f} GiB, "
+      f"temp {r['temp_gib']:.3f} GiB, aliased {r['alias_gib']:.3f} GiB",
+      f"per chip: {r['per_chip_gib']:.3f} GiB of {r['hbm_gib']} GiB HBM -> "
+      f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
+      f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
+      f"estimated {r['est_seconds']:.3f}s per call",
+      f"aot program={r['program']} preset={r['preset']} topology={r['topology']} "
+      f"per_chip_gib={r['per_chip_gib']:.2f} hbm_gib={r['hbm_gib']:g} "
+      f"fits={'true' if r['fits'] else 'false'} est_mfu={r['est_mfu']:.3f}",
+  ]
+  return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""Pure device functions of the sampler: token choice, one prefill chunk, the decode loop.
+
+Everything here is traced inside the jitted functions of `sampler.Engine`; nothing is jitted here.
+
+Sampling distribution (what the returned log-probs are measured under):
+  greedy  (temperature == 0): token = argmax(logits); log-prob = log_softmax(logits)[token], i.e.
+          under the unmodified model distribution (a delta would always give 0).
+  sample  (temperature > 0): x = logits / temperature; if top_k > 0 keep the k largest x (by rank,
+          so ties never let more than k through); then if top_p < 1 keep the smallest set of the
+          most likely remaining tokens whose renormalised mass reaches top_p (the top token is always
+          kept); everything else gets -inf. token ~ softmax(x_filtered); log-prob =
+          log_softmax(x_filtered)[token]. Same order as transformers / vLLM (temperature, top-k,
+          then top-p on the renormalised top-k distribution).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from empo2_jax.model import qwen2
+from empo2_jax.model.configs import Qwen2Config
+
+MODES = ("greedy", "sample", "filter")   # filter = sample with top-k and/or top-p
+
+
+def mode_for(temperature: float, top_p: float, top_k: int) -> str:
+  if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+    raise ValueError(f"bad sampling settings temperature={temperature} top_p={top_p} "
+                     f"top_k={top_k}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+  if temperature == 0:
+    return "greedy"
+  return "filter" if (top_p < 1 or top_k > 0) else "sample"
+
+
+def filter_sorted(x_bv: jax.Array, top_p: jax.Array, top_k: jax.Array):
+  """Top-k then top-p in sorted space. Returns (masked sorted logits [B,V], token order [B,V])."""
+  v = x_bv.shape[-1]
+  order = jnp.argsort(-x_bv, axis=-1)                                   # descending, stable
+  xs = jnp.take_along_axis(x_bv, order, axis=-1)
+  rank = jnp.arange(v)[None, :]
+  keep = (top_k <= 0) | (rank < top_k)
+  xs = jnp.where(keep, xs, -jnp.inf)
+  probs = jax.nn.softmax(xs, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep = keep & ((mass_before < top_p) | (rank == 0))
+  return jnp.where(keep, xs, -jnp.inf), order
+
+
+def choose(logits_bv: jax.Array, keys_b: jax.Array, step, temperature, top_p, top_k, mode: str):
+  """One token per row. keys_b: [B] typed keys (one per row); step folds in the position."""
+  logits_bv = logits_bv.astype(jnp.float32)
+  if mode == "greedy":
+    tok = jnp.argmax(logits_bv, axis=-1)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits_bv, -1), tok[:, None], -1)[:, 0]
+    return tok.astype(jnp.int32), lp
+  x = logits_bv / temperature
+  step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys_b)
+  draw = jax.vmap(jax.random.categorical)
+  if mode == "sample":
+    tok = draw(step_keys, x)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(x, -1), tok[:, None], -1)[:, 0]
+    return tok.astype(jnp.int32), lp
+  xs, order = filter_sorted(x, top_p, top_k)
+  j = draw(step_keys, xs)
+  tok = jnp.take_along_axis(order, j[:, None], -1)[:, 0]
+  lp = jnp.take_along_axis(jax.nn.log_softmax(xs, -1), j[:, None], -1)[:, 0]
+  return tok.astype(jnp.int32), lp
+
+
+def logits_from_hidden(params, config: Qwen2Config, hidden_bd: jax.Array) -> jax.Array:
+  w = qwen2.output_embedding(params, config).astype(config.jnp_compute_dtype)
+  return jnp.einsum("bd,dv->bv", hidden_bd.astype(config.jnp_compute_dtype), w).astype(jnp.float32)
+
+
+def prefill_chunk(params, config: Qwen2Config, cache, hidden_bd, tokens_bc, mask_bc, start_b,
+                  end_b):
+  """Write one right-padded chunk of new tokens at slots start_b.. of each row.
+
+  tokens/mask [B, C]; start_b [B] = tokens the row already has in cache (also their positions);
+  end_b [B] = index in this chunk of the row's last new token, or -1 if its prompt does not end
+  here: those rows keep their previous final hidden state. Returns (cache, hidden [B, D]).
+  """
+  c = tokens_bc.shape[1]
+  positions = start_b[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
+  hidden, cache = qwen2.forward(params, config, tokens_bc, mask_bc, positions=positions,
+                                return_hidden=True, cache=cache, cache_index=start_b)
+  last = jnp.take_along_axis(hidden, jnp.maximum(end_b, 0)[:, None, None], axis=1)[:, 0]
+  return cache, jnp.where((end_b >= 0)[:, None], last.astype(hidden_bd.dtype), hidden_bd)
+
+
+def decode(params, config: Qwen2Config, cache, hidden_bd, length_b, active_b, keys_b,
+           temperature, top_p, top_k, stop_ids, max_new, *, mode: str, buffer: int):
+  """Sample up to `max_new` (<= buffer) tokens per active row, stopping rows independently.
+
+  length_b [B]: tokens in the row's cache (the prompt); hidden_bd: final hidden state of each
+  row's last prompt token. A sampled token is fed back (written to the cache) only when the row
+  continues, so on return a row's cache holds prompt + tokens[:-1].
+  stop_ids [N] int32 (-1 entries never match). Returns (cache, tokens [B, buffer] (-1 past the
+  end), logprobs [B, buffer], counts [B], length_b).
+  """
+  b = hidden_bd.shape[0]
+  is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+  logits = logits_from_hidden(params, config, hidden_bd)
+  tok, lp = choose(logits, keys_b, 0, temperature, top_p, top_k, mode)
+  out_tok = jnp.full((b, buffer), -1, jnp.int32).at[:, 0].set(jnp.where(active_b, tok, -1))
+  out_lp = jnp.zeros((b, buffer), jnp.float32).at[:, 0].set(jnp.where(active_b, lp, 0.0))
+  count = active_b.astype(jnp.int32)
+  done = ~active_b | is_stop(tok) | (count >= max_new)
+
+  def cond(carry):
+    step, _, _, done, *_ = carry
+    return (step < max_new) & ~jnp.all(done)
+
+  def body(carry):
+    step, cache, tok, done, length, count, out_tok, out_lp = carry
+    feed = ~done
+    logits, cache = qwen2.forward(params, config, tok[:, None], feed[:, None].astype(jnp.int32),
+                                  positions=length[:, None], cache=cache, cache_index=length)
+    length = length + feed
+    new, lp = choose(logits[:, 0], keys_b, step, temperature, top_p, top_k, mode)
+    col = jnp.arange(buffer)[None, :] == step
+    out_tok = jnp.where(col & feed[:, None], new[:, None], out_tok)
+    out_lp = jnp.where(col & feed[:, None], lp[:, None], out_lp)
+    count = count + feed
+    done = done | (feed & (is_stop(new) | (count >= max_new)))
+    tok = jnp.where(feed, new, tok)
+    return step + 1, cache, tok, done, length, count, out_tok, out_lp
+
+  carry = (jnp.int32(1), cache, tok, done, length_b, count, out_tok, out_lp)
+  _, cache, _, _, length, count, out_tok, out_lp = jax.lax.while_loop(cond, body, carry)
+  return cache, out_tok, out_lp, count, length

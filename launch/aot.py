@@ -1,0 +1,51 @@
+"""Compile a program for a TPU topology on this (CPU) machine and report whether it fits HBM.
+
+  python launch/aot.py --program=lm_train_step --preset=7b --topology=v5p:2x2x1 \
+      --batch=128 --seq=4500 --microbatches=32 --remat=full
+
+Needs libtpu installed (requirements-dev.txt); no TPU and no parameter memory are used. The last
+line is machine-readable:
+  aot program=<p> preset=<p> topology=<t> per_chip_gib=<x> hbm_gib=<y> fits=<true|false> est_mfu=<z>
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")       # the host runs nothing; libtpu compiles
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")    # not on a TPU VM: skip the metadata server
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chip to lock
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from empo2_jax.parallel import aot  # noqa: E402
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--program", required=True, help=f"one of {sorted(aot.PROGRAMS)}")
+  p.add_argument("--preset", required=True, help="model preset, e.g. 0.5b, 7b, tiny")
+  p.add_argument("--topology", required=True, help=f"e.g. {', '.join(aot.TOPOLOGY_EXAMPLES)}")
+  p.add_argument("--batch", type=int, required=True, help="global batch (rows)")
+  p.add_argument("--seq", type=int, required=True, help="tokens per row")
+  p.add_argument("--mesh", default="data=1,fsdp=-1,tensor=1")
+  p.add_argument("--remat", default="full", help="none | full | dots_saveable")
+  p.add_argument("--param_dtype", default="float32")
+  p.add_argument("--compute_dtype", default="bfloat16")
+  p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation steps")
+  p.add_argument("--loss_chunk", type=int, default=512, help="tokens per vocab-projection chunk")
+  p.add_argument("--hbm_gib", type=float, default=None, help="override the chip's HBM (what-if)")
+  a = p.parse_args(argv)
+  req = aot.AotRequest(program=a.program, preset=a.preset, topology=a.topology, batch=a.batch,
+                       seq=a.seq, mesh=a.mesh, remat=a.remat, param_dtype=a.param_dtype,
+                       compute_dtype=a.compute_dtype, num_microbatches=a.microbatches,
+                       loss_chunk=a.loss_chunk, hbm_gib=a.hbm_gib)
+  try:
+    report = aot.compile_program(req)
+  except (ValueError, KeyError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(aot.format_report(report, req), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
