@@ -168,3 +168,20 @@ def test_scann_recall_on_minilm_embeddings_of_sciworld_texts():
         exact_idx = MemoryIndex(store, RetrievalConfig(threshold=thr))
         assert [[h.uid for h in hits] for hits in exact_idx.search_batch([("chemistry-mix", 0)] * len(q), q)] == ref
     assert idx.stats["ann"] > 0
+
+
+def test_short_scann_answers_are_not_padded_hits():
+    rng = np.random.default_rng(4)
+    emb = rng.normal(size=(300, 384)).astype(np.float32)
+    store = MemoryStore(max_per_slot=1000)
+    fill(store, ("t", 0), emb, rng.integers(-100, 101, 300))
+    # one searched leaf returns far fewer than `candidates`; ScaNN pads with index 0 (uid 0)
+    idx = MemoryIndex(store, RetrievalConfig(exact_max=50, candidates=256, search_fraction=0.2, saturation=2.0))
+    q = emb[:20] + 0.1 * rng.normal(size=(20, 384)).astype(np.float32)
+    found = 0
+    for j, hits in enumerate(idx.search_batch([("t", 0)] * 20, q)):
+        uids = [h.uid for h in hits]
+        assert len(set(uids)) == len(uids)
+        found += j in uids
+    assert found >= 15
+    assert idx.stats["ann"] == 20

@@ -50,6 +50,7 @@ def make_batch(seed, rows=B, vocab=512):
             "sample_index": np.arange(rows, dtype=np.int32)}
 
 
+@jax.jit
 def full_logp(params, tok, attn):
     logits = qwen2.forward(params, MODEL, jnp.asarray(tok), jnp.asarray(attn))
     lp = jax.nn.log_softmax(logits[:, P - 1:P + R - 1], -1)
@@ -78,14 +79,15 @@ def reference_update(params, batch, cfg, n_minibatches, opt):
             tok = jnp.where(a < 0, jnp.minimum(tok, -a * lc.dual_clip_c), tok)
             return jnp.sum(jnp.where(m, tok, 0.0)) / jnp.maximum(m.sum(), 1)
 
-        g = jax.grad(loss)(params)
+        g = jax.jit(jax.grad(loss))(params)
         upd, opt_state = opt.update(g, opt_state, params)
         params = optax.apply_updates(params, upd)
     return params, old, mask
 
 
-@pytest.mark.parametrize("n_minibatches,micro_rows", [(1, 2), (2, 2)])
-def test_update_matches_full_logits_reference(n_minibatches, micro_rows):
+@pytest.mark.slow
+def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
+    """Two mini-batches of two micro-batches each (strided rows), low-prob mask on half the rows."""
     params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))
     batch = make_batch(0)
     old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
@@ -111,10 +113,9 @@ def test_update_matches_full_logits_reference(n_minibatches, micro_rows):
     m = batch["response_mask"] > 0
     np.testing.assert_allclose(met["sampler_vs_old_logp_absdiff"],
                                np.abs(batch["sampler_logp"] - old)[m].mean(), rtol=1e-5)
-    if n_minibatches == 1:  # before any step the ratio is exp(cur - old) of the initial params
-        cur = np.asarray(full_logp(params, batch["cur_tokens"], batch["cur_attn"]))
-        keep = want_mask > 0
-        np.testing.assert_allclose(met["ratio_max"], np.exp(cur - old)[keep].max(), rtol=1e-5)
+    cur = np.asarray(full_logp(params, batch["cur_tokens"], batch["cur_attn"]))
+    first = np.array([(b % 4) // 2 == 0 for b in range(B)])[:, None] & (want_mask > 0)
+    assert met["ratio_max"] >= np.exp(cur - old)[first].max() * (1 - 1e-5)  # first step's ratios
     assert all(np.isfinite(v) for v in jax.tree.leaves(met))
 
 
@@ -163,21 +164,21 @@ SHARDED_SCRIPT = textwrap.dedent("""
     batch = jax.tree.map(jnp.asarray, make_batch(7, rows=32))
     params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))
     opt = make_optimizer(cfg)
-    one = jax.device_put(init_train_state(params, opt), jax.devices()[0])
+    one = jax.device_put(init_train_state(jax.tree.map(jnp.copy, params), opt), jax.devices()[0])
     s1, m1 = make_update_fn(MODEL, cfg)(one, jax.device_put(batch, jax.devices()[0]))
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4, 1), ("data", "fsdp", "tensor"))
     def spec(x):  # shard the last axis over fsdp where it divides, like FSDP
         return PS(*([None] * (x.ndim - 1) + ["fsdp"])) if x.ndim and x.shape[-1] % 4 == 0 else PS()
     pshard = jax.tree.map(lambda x: NamedSharding(mesh, spec(x)), params)
-    placed = jax.device_put(params, pshard)
+    placed = jax.device_put(jax.tree.map(jnp.copy, params), pshard)
     state = jax.jit(lambda p: init_train_state(p, opt))(placed)
     bshard = NamedSharding(mesh, PS(("data", "fsdp")))
     s8, m8 = make_update_fn(MODEL, cfg, batch_sharding=bshard)(state, jax.device_put(batch, bshard))
     assert s8.params["layers"]["w_up"].sharding.spec == pshard["layers"]["w_up"].spec
-    d = max(float(jnp.max(jnp.abs(a - jax.device_put(b, jax.devices()[0]))))
+    d = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
             for a, b in zip(jax.tree.leaves(s8.params), jax.tree.leaves(s1.params)))
     dm = max(abs(float(m8[k]) - float(m1[k])) / (abs(float(m1[k])) + 1e-6) for k in m1)
-    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+    moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
                 zip(jax.tree.leaves(s1.params), jax.tree.leaves(params)))
     print("RESULT", d, dm, moved)
 """)

@@ -88,6 +88,7 @@ def _tv(p, q):
   return 0.5 * float(np.abs(np.asarray(p) - np.asarray(q)).sum())
 
 
+@pytest.mark.slow
 def test_temperature_sampling_follows_softmax():
   config = tiny_config(8)
   params = qwen2.init_params(config, jax.random.key(0), std=0.6)
@@ -148,14 +149,15 @@ def test_generate_top_k_end_to_end():
                  rng=jax.random.key(5), settings=FP32)
   for p, (toks, lps) in zip(prompts, out):
     seq = p + toks.tolist()
-    logits = np.asarray(qwen2.forward(params, config, jnp.asarray([seq]),
-                                      jnp.ones((1, len(seq)), jnp.int32)))[0]
+    logits = np.asarray(jax.jit(qwen2.forward, static_argnums=1)(
+        params, config, jnp.asarray([seq]), jnp.ones((1, len(seq)), jnp.int32)))[0]
     for i, t in enumerate(toks):
       allowed, probs = allowed_set(logits[len(p) - 1 + i] / 1.3, 2, 1.0)
       assert int(t) in allowed
       np.testing.assert_allclose(lps[i], np.log(probs[t]), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compile_count_bounded():
   config = tiny_config(64)
   params = qwen2.init_params(config, jax.random.key(0), std=0.3)
@@ -172,7 +174,7 @@ def test_compile_count_bounded():
                    stop_ids=[int(rng.integers(0, 64))], rng=jax.random.key(i), settings=settings)
     assert len(out) == n
     if i == 0:
-      assert engine.num_traces == 2            # the counter sees traces: one prefill, one decode
+      assert engine.traces["decode"] == 1 and engine.traces["prefill"] >= 1   # the counter counts
   # prefill: 2 batch x 2 chunk x 2 cache shapes; decode: 2 batch x 2 cache shapes (one mode)
   assert engine.traces["prefill"] <= 8 and engine.traces["decode"] <= 4, engine.traces
   assert engine._prefill._cache_size() == engine.traces["prefill"]

@@ -33,7 +33,8 @@ from empo2_jax.envs.scienceworld import ALL_TASKS, SciWorldConfig, SciWorldEnv, 
 class PoolConfig:
   num_workers: int = 4
   java_tool_options: str = "-Xmx512m"  # JAVA_TOOL_OPTIONS of every worker's JVM
-  call_timeout_s: float = 120.0        # a worker silent this long on one call counts as hung
+  call_timeout_s: float = 120.0        # a worker silent this long on a step call counts as hung
+  reset_timeout_s: float = 300.0       # the same for reset/replay calls (loads warm up the JIT)
   start_timeout_s: float = 180.0       # worker start-up, JVM included
   close_timeout_s: float = 15.0
   max_retries: int = 3                 # worker replacements per call before episodes are failed
@@ -244,7 +245,7 @@ class EnvPool:
     replies: dict[int, list | None] = {}
     for w, (cmd, items) in calls.items():
       try:
-        replies[w] = self._receive(w)
+        replies[w] = self._receive(w, self._timeout(cmd))
       except _WorkerFailed:
         replies[w] = self._recover(w, cmd, items)
     return replies
@@ -259,11 +260,11 @@ class EnvPool:
         reset_out: list = []
         if replay:
           self._send(w, "reset", replay)
-          reset_out = self._receive(w)
+          reset_out = self._receive(w, self._timeout("reset"))
         if cmd == "reset":
           return reset_out
         self._send(w, cmd, items)
-        return self._receive(w)
+        return self._receive(w, self._timeout(cmd))
       except _WorkerFailed:
         continue
     for ep in self._episodes:
@@ -279,13 +280,16 @@ class EnvPool:
     except (OSError, ValueError) as e:  # broken pipe: reported by the matching _receive
       handle.send_error = f"worker {w}: send failed: {e!r}"
 
-  def _receive(self, w: int) -> list:
+  def _timeout(self, cmd: str) -> float:
+    return self.config.reset_timeout_s if cmd == "reset" else self.config.call_timeout_s
+
+  def _receive(self, w: int, timeout_s: float) -> list:
     handle = self._workers[w]
     if handle.send_error is not None:
       raise _WorkerFailed(handle.send_error)
     try:
-      if not handle.conn.poll(self.config.call_timeout_s):
-        raise _WorkerFailed(f"worker {w} silent for {self.config.call_timeout_s} s")
+      if not handle.conn.poll(timeout_s):
+        raise _WorkerFailed(f"worker {w} silent for {timeout_s} s")
       kind, payload = handle.conn.recv()
     except (EOFError, OSError) as e:
       raise _WorkerFailed(f"worker {w} died: {e!r}") from e

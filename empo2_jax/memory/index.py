@@ -51,7 +51,7 @@ class RetrievalConfig:
     leaves_per_sqrt_n: float = 1.0  # ScaNN tree leaves = this x sqrt(n)
     search_fraction: float = 0.3   # share of leaves searched per query (range queries need many)
     training_sample: int = 100_000  # ScaNN k-means / AH training sample size
-    scan_chunk: int = 16_384       # rows per step of the score-order scan
+    scan_chunk: int = 16_384       # max rows per step of the score-order scan (starts at 256, doubles)
     use_scann: bool = True
 
 
@@ -170,13 +170,14 @@ class MemoryIndex:
         cfg, a = self.cfg, self._ann_for(key, slot)
         emb, base = slot.embeddings, slot.oldest_uid
         k_cand = min(cfg.candidates, a.hi - a.lo)
-        idx_mc, _ = a.searcher.search_batched(q_md, final_num_neighbors=k_cand)
+        idx_mc, dist_mc = a.searcher.search_batched(q_md, final_num_neighbors=k_cand)
         uids_mc = a.lo + np.asarray(idx_mc, np.int64)
+        found_mc = np.isfinite(np.asarray(dist_mc))   # ScaNN pads short answers with index 0, NaN
         tail_u = np.arange(max(a.hi, base), slot.next_uid, dtype=np.int64)
         tail_sims = q_md @ emb[tail_u - base].T if len(tail_u) else np.zeros((len(q_md), 0), np.float32)
         results, saturated = [None] * len(q_md), []
         for i in range(len(q_md)):
-            u = uids_mc[i][uids_mc[i] >= base]
+            u = uids_mc[i][found_mc[i] & (uids_mc[i] >= base)]
             cos = emb[u - base] @ q_md[i]
             keep = cos > cfg.threshold
             t_keep = tail_sims[i] > cfg.threshold
@@ -205,8 +206,10 @@ class MemoryIndex:
         got_u = [[] for _ in q_md]
         got_c = [[] for _ in q_md]
         active = np.arange(len(q_md))
-        for c0 in range(0, len(a.rank_uids), cfg.scan_chunk):
-            u = a.rank_uids[c0:c0 + cfg.scan_chunk]
+        c0, size = 0, min(256, cfg.scan_chunk)    # chunks double: dense passes stop after a few rows
+        while c0 < len(a.rank_uids):
+            u = a.rank_uids[c0:c0 + size]
+            c0, size = c0 + size, min(2 * size, cfg.scan_chunk)
             u = u[u >= base]
             sims_ac = q_md[active] @ emb[u - base].T
             still = []

@@ -109,7 +109,7 @@ def topology_devices(name: str) -> list:
   try:
     return list(topologies.get_topology_desc(name, "tpu").devices)
   except Exception as e:  # libtpu's message, e.g. a layout its host bounds cannot split
-    raise ValueError(f"libtpu rejected topology {name!r} ({e}); valid examples: "
+    raise ValueError(f"libtpu could not build topology {name!r} ({e}); valid examples: "
                      f"{', '.join(TOPOLOGY_EXAMPLES)}") from e
 
 

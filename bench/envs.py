@@ -1,0 +1,96 @@
+"""Steps/s of EnvPool (1, 2, 4 workers) vs a plain loop over the library's `ScienceWorldEnv.step`.
+
+Both replay the same episodes (gold actions of train rows of paper tasks, cut where the episode
+ends); the timed part is reset + every step, after one untimed warm-up pass each (JIT).
+Last line: `envs steps_per_s pool4=<a> naive=<b> ratio=<a/b>`.
+
+  .venv/bin/python bench/envs.py [--episodes 12]
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from empo2_jax.envs.pool import EnvPool, PoolConfig  # noqa: E402
+from empo2_jax.envs.scienceworld import SciWorldEnv  # noqa: E402
+
+TASKS = ("find-plant", "chemistry-mix", "find-animal", "use-thermometer",
+         "lifespan-longest-lived", "find-living-thing")
+
+
+def make_episodes(n):
+  """[(task, variation, gold actions up to the end of the episode)]."""
+  env = SciWorldEnv()
+  out = []
+  try:
+    for i in range(n):
+      task = TASKS[i % len(TASKS)]
+      var = env.rows(task, "train")[i // len(TASKS) % 5]
+      gold = env.gold_actions(task, var)
+      env.reset(task, var)
+      for k, action in enumerate(gold):
+        if env.step(action).done:
+          gold = gold[:k + 1]
+          break
+      out.append((task, var, gold))
+  finally:
+    env.close()
+  return out
+
+
+def run_naive(episodes):
+  from scienceworld import ScienceWorldEnv
+  env = ScienceWorldEnv("", envStepLimit=100)
+  try:
+    def one_pass():
+      steps = 0
+      for task, var, gold in episodes:
+        env.load(task, var, "easy")
+        env.reset()
+        for action in gold:
+          env.step(action)
+          steps += 1
+      return steps
+    one_pass()
+    t = time.perf_counter()
+    steps = one_pass()
+    return steps / (time.perf_counter() - t)
+  finally:
+    env.close()
+
+
+def run_pool(episodes, num_workers):
+  with EnvPool(pool_config=PoolConfig(num_workers=num_workers)) as pool:
+    def one_pass():
+      pool.reset([(task, var) for task, var, _ in episodes])
+      steps = 0
+      for i in range(max(len(g) for *_, g in episodes)):
+        acts = [g[i] if i < len(g) else None for *_, g in episodes]
+        steps += sum(r is not None for r in pool.step(acts))
+      return steps
+    one_pass()
+    t = time.perf_counter()
+    steps = one_pass()
+    return steps / (time.perf_counter() - t)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--episodes", type=int, default=12)
+  args = parser.parse_args()
+  episodes = make_episodes(args.episodes)
+  print(f"{len(episodes)} episodes, {sum(len(g) for *_, g in episodes)} steps per pass, "
+        f"{os.cpu_count()} CPUs", flush=True)
+  naive = run_naive(episodes)
+  print(f"naive library env.step: {naive:.1f} steps/s", flush=True)
+  pool = {}
+  for n in (1, 2, 4):
+    pool[n] = run_pool(episodes, n)
+    print(f"pool {n} workers: {pool[n]:.1f} steps/s", flush=True)
+  print(f"envs steps_per_s pool4={pool[4]:.1f} naive={naive:.1f} ratio={pool[4] / naive:.2f}")
+
+
+if __name__ == "__main__":
+  main()

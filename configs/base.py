@@ -1,0 +1,50 @@
+"""Base EMPO2 config: every number an ablation may sweep lives here (SPEC.md for the meaning).
+
+Variants (configs/sciworld.py) start from `get_config()` and override fields. On the command line:
+  python launch/train.py --config=configs/sciworld.py:cpu --config.empo2.p_memory=0.5
+An unknown key fails with the list of valid keys (ConfigDicts are locked).
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+  del arg
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Policy model: a Hugging Face Qwen2 checkpoint directory (local or gs://), or a preset with
+  # random init (`checkpoint=''` and `random_init=True`, only sensible for tests and the CPU demo).
+  c.model = dict(preset="7b", checkpoint="", random_init=False, tokenizer="",
+                 param_dtype="bfloat16", compute_dtype="bfloat16", remat="full")
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)
+
+  c.env = dict(name="scienceworld", task="power-component", simplification="easy",
+               num_train_rows=5, num_test_rows=20, max_steps=0,   # 0: the paper's per-task table
+               workers=8, java_tool_options="-Xmx512m", call_timeout_s=120.0, max_retries=3)
+
+  # One iteration: rows_per_iter task rows x group_size rollouts (SPEC §1).
+  c.rollout = dict(rows_per_iter=16, group_size=8, temperature=1.0, top_p=1.0, top_k=0,
+                   max_new_tokens=32, max_context=8192, cache_dtype="bfloat16")
+
+  c.empo2 = dict(
+      p_memory=0.25,              # probability that an iteration rolls out with memory tips
+      q_offpolicy=2.0 / 3.0,      # share of memory iterations updated off-policy (tips removed)
+      force_mode="",              # '', 'on', 'on_tips' or 'off': skip the draw (tests, ablations)
+      ratio_variant="paper",      # 'paper' or 'release' old-log-prob view (SPEC §4)
+      intrinsic_reward=True, intrinsic_scale=1.0,
+      tip_max_new_tokens=128, tip_temperature=1.0,
+      memory_key="step",          # 'step' (paper-era: each step's transcript) or 'final'
+  )
+  c.memory = dict(max_entries=1000, threshold=0.5, top_k=10, encoder_dir="")
+
+  c.loss = dict(eps_low=0.2, eps_high=0.3, dual_clip=10.0, agg="token_mean", kl_coef=0.0,
+                kl_estimator="low_var_kl", entropy_coef=0.0, low_prob_mask=True, low_prob_delta=-5.0)
+  c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
+  c.optim = dict(lr=1e-6, weight_decay=0.01, b1=0.9, b2=0.999, grad_clip=1.0,
+                 num_minibatches=8, micro_rows=8, epochs=1, max_prompt_len=4500)
+
+  c.train = dict(iterations=250, eval_every=20, eval_temperature=0.4, eval_repeats=4,
+                 eval_with_memory=False, eval_at_end=True, checkpoint_every=10, keep_checkpoints=3,
+                 log_every=1)
+  c.lock()
+  return c

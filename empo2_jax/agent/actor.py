@@ -1,0 +1,231 @@
+"""Host-side rollout loop: many ScienceWorld episodes in lock-step, one batched sampler call a step.
+
+    actor = Actor(pool, tokenizer, materials, memory=..., settings=ActorSettings(...))
+    episodes = actor.rollout(params, model_config, specs, use_memory=True, temperature=1.0,
+                             rng=key, mode="off", reflect=True, iteration=it)
+
+Per step, for every running episode: retrieve tips (memory rollouts: MiniLM key of the episode so
+far -> cosine > threshold -> top-k by score), build the user message, tokenize the whole chat, and
+make ONE `Session.step` call for all of them (prefix reuse: only new tokens are prefilled). The raw
+model text goes into the chat; the pool corrects it to a valid action (word-level Jaccard) and
+steps the simulators. After the last step, one more session call writes every episode's tip (the
+tip chat extends the cached history), and the tips go into memory (SPEC §2-3).
+
+Memory keys are our choice of "the episode so far": task, then the last observation/action lines,
+cut from the front to `key_chars` characters. The full chat would fill MiniLM's 256 word pieces with
+the first prompt's boilerplate (few-shot examples, templates) and make every key look alike.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+import jax
+
+from empo2_jax.agent import prompts
+from empo2_jax.envs.fewshot import PromptMaterial
+from empo2_jax.memory import reflect as reflect_lib
+from empo2_jax.memory.rewards import intrinsic_reward
+from empo2_jax.model.tokenizer import stop_ids
+from empo2_jax.rl.batch import Turn
+from empo2_jax.sampling.sampler import SamplerSettings
+from empo2_jax.sampling.session import Session
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSettings:
+  max_new_tokens: int = 32
+  max_context: int = 8192
+  top_p: float = 1.0
+  top_k: int = 0
+  tip_max_new_tokens: int = 128
+  tip_temperature: float = 1.0
+  intrinsic_scale: float = 1.0
+  intrinsic_reward: bool = True
+  memory_key: str = "step"     # 'step' or 'final' (SPEC §3)
+  key_chars: int = 1200
+  cache_dtype: str = "bfloat16"
+
+
+@dataclasses.dataclass
+class Episode:
+  task: str
+  variation: int
+  group_id: int
+  rollout_id: int
+  mode: str
+  use_memory: bool
+  messages: list = dataclasses.field(default_factory=list)
+  key_lines: list = dataclasses.field(default_factory=list)   # compact transcript for keys
+  step_keys: list = dataclasses.field(default_factory=list)   # key text used at each step
+  turns: list = dataclasses.field(default_factory=list)       # rl.batch.Turn per step
+  executed: list = dataclasses.field(default_factory=list)
+  observations: list = dataclasses.field(default_factory=list)
+  retrieved: list = dataclasses.field(default_factory=list)   # memories shown per step
+  score: float = 0.0
+  done: bool = False
+  success: bool = False
+  env_failed: bool = False
+  tip: str = ""
+
+  @property
+  def episode_return(self) -> float:
+    return float(self.score)
+
+
+class Memory:
+  """The encoder, store and index used together by the actor."""
+
+  def __init__(self, encoder, store, index):
+    self.encoder, self.store, self.index = encoder, store, index
+
+  def retrieve(self, slots: Sequence, keys: Sequence[str]) -> list[list[str]]:
+    if not keys:
+      return []
+    emb = self.encoder.encode(list(keys))
+    return [[h.text for h in hits] for hits in self.index.search_batch(list(slots), emb)]
+
+
+class Actor:
+
+  def __init__(self, pool, tokenizer, materials: dict, memory: Optional[Memory] = None,
+               settings: ActorSettings = ActorSettings(),
+               sampler_settings: SamplerSettings = SamplerSettings()):
+    self.pool, self.tok, self.materials = pool, tokenizer, materials
+    self.memory, self.settings = memory, settings
+    self.sampler_settings = dataclasses.replace(sampler_settings,
+                                                cache_dtype=settings.cache_dtype)
+    self.stop_ids = stop_ids(tokenizer)
+    self.last_stats: dict = {}
+
+  # ------------------------------------------------------------------------------------------
+  def _ids(self, messages) -> list[int]:
+    text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return self.tok(text, add_special_tokens=False)["input_ids"]
+
+  def _key(self, ep: Episode, observation: str) -> str:
+    lines = ep.key_lines + [f"observation: {observation.strip()}"]
+    head = f"task: {self.materials[(ep.task, ep.variation)].task_description.strip()}\n"
+    tail = "\n".join(lines)[-self.settings.key_chars:]
+    return head + tail
+
+  def rollout(self, params, model_config, specs: Sequence[tuple[str, int, int]], *,
+              use_memory: bool, temperature: float, rng: jax.Array, mode: str = "on",
+              reflect: bool = False, iteration: int = 0) -> list[Episode]:
+    """specs: (task, variation, group_id) per episode. Returns finished episodes in spec order."""
+    s = self.settings
+    if use_memory and self.memory is None:
+      raise ValueError("use_memory=True needs an Actor built with a Memory")
+    episodes = [Episode(t, int(v), int(g), i, mode, use_memory) for i, (t, v, g) in enumerate(specs)]
+    missing = sorted({(e.task, e.variation) for e in episodes} - set(self.materials))
+    if missing:
+      raise KeyError(f"no prompt material for {missing}; build the Actor with those variations")
+    resets = self.pool.reset([(e.task, e.variation) for e in episodes])
+    obs = [r.observation for r in resets]
+    for e, r in zip(episodes, resets):
+      e.env_failed = r.info.env_failed
+      e.done = e.env_failed
+    session = Session(params, model_config, num_rows=len(episodes), max_tokens=s.max_context,
+                      settings=self.sampler_settings)
+    keep = {}
+    stats = {"retrieved": 0, "memory_steps": 0, "steps": 0}
+    step_i = 0
+    while True:
+      live = [i for i, e in enumerate(episodes) if not e.done]
+      if not live:
+        break
+      keys = [self._key(episodes[i], obs[i]) for i in live]
+      tips = (self.memory.retrieve([(episodes[i].task, episodes[i].variation) for i in live], keys)
+              if use_memory else [[] for _ in live])
+      requests = {}
+      for i, key, tip in zip(live, keys, tips):
+        e = episodes[i]
+        e.step_keys.append(key)
+        e.retrieved.append(len(tip))
+        e.observations.append(obs[i])
+        if not e.messages:
+          user = prompts.first_user_message(self.materials[(e.task, e.variation)], obs[i], tip)
+        else:
+          user = prompts.step_user_message(obs[i], tip)
+        e.messages.append({"role": "user", "content": user})
+        ids = self._ids(e.messages)
+        if len(e.messages) == 1:
+          keep[i] = len(ids)          # on overflow, keep the first prompt and the recent turns
+        requests[i] = ids
+      rng, key_step = jax.random.split(rng)
+      out = session.step(requests, max_new_tokens=s.max_new_tokens, temperature=temperature,
+                         top_p=s.top_p, top_k=s.top_k, stop_ids=self.stop_ids, rng=key_step,
+                         keep_prefix=keep)
+      texts = {i: self.tok.decode(out[i][0], skip_special_tokens=True).strip() for i in live}
+      results = self.pool.step([texts.get(i) for i in range(len(episodes))])
+      for i in live:
+        e, res = episodes[i], results[i]
+        toks, lps = out[i]
+        n_ret = e.retrieved[-1]
+        r_int = (float(intrinsic_reward(n_ret, s.intrinsic_scale)) if use_memory
+                 and s.intrinsic_reward else 0.0)
+        e.turns.append(Turn(messages=list(e.messages), response=texts[i],
+                            response_ids=[int(t) for t in toks],
+                            sampler_logprobs=[float(x) for x in lps], mode=mode,
+                            group_id=e.group_id, rollout_id=e.rollout_id, step=step_i,
+                            episode_return=0.0, reward=float(res.reward), intrinsic=r_int,
+                            obs_key=obs[i].strip()))
+        e.messages.append({"role": "assistant", "content": texts[i]})
+        e.executed.append(res.info.executed_action)
+        e.key_lines += [f"observation: {obs[i].strip()}", f"action: {res.info.executed_action}"]
+        e.score, e.success = float(res.info.score), bool(res.info.success)
+        e.env_failed = e.env_failed or res.info.env_failed
+        e.done = bool(res.done) or res.info.truncated or e.env_failed
+        obs[i] = res.observation
+        stats["retrieved"] += n_ret
+        stats["memory_steps"] += int(use_memory)
+        stats["steps"] += 1
+      step_i += 1
+    for e in episodes:
+      for t in e.turns:
+        t.episode_return = e.episode_return
+    stats["prefill_tokens"] = session.stats["prefill_tokens"]
+    stats["reused_tokens"] = session.stats["reused_tokens"]
+    stats["truncations"] = session.stats["truncations"]
+    if reflect:
+      stats.update(self._reflect(session, episodes, rng, iteration))
+    self.last_stats = stats
+    return episodes
+
+  # ------------------------------------------------------------------------------------------
+  def _reflect(self, session: Session, episodes: list[Episode], rng, iteration: int) -> dict:
+    """One session call writes every episode's tip; the tips go into memory."""
+    s = self.settings
+    if self.memory is None:
+      return {}
+    todo = [i for i, e in enumerate(episodes) if e.turns and not e.env_failed]
+    requests = {i: self._ids(reflect_lib.tip_chat(episodes[i].messages)) for i in todo}
+    out = session.step(requests, max_new_tokens=s.tip_max_new_tokens,
+                       temperature=s.tip_temperature, top_p=s.top_p, top_k=s.top_k,
+                       stop_ids=self.stop_ids, rng=jax.random.fold_in(rng, 7919))
+    writes = []
+    for i in todo:
+      e = episodes[i]
+      e.tip = reflect_lib.clean_tip(self.tok.decode(out[i][0], skip_special_tokens=True))
+      if not e.tip:
+        continue
+      keys = e.step_keys if s.memory_key == "step" else [self._key(e, "")] * len(e.executed)
+      for action, key in zip(e.executed, keys):
+        writes.append(reflect_lib.MemoryWrite((e.task, e.variation),
+                                              reflect_lib.memory_text(e.tip, action, e.score),
+                                              e.score, key))
+    uids = reflect_lib.commit(self.memory.store, self.memory.encoder, writes, iteration)
+    return {"tips": sum(1 for i in todo if episodes[i].tip),
+            "memory_writes": sum(u is not None for u in uids)}
+
+
+def material_for(env, task: str, variations: Sequence[int], n_few_shot: int = 2) -> dict:
+  """{(task, variation): PromptMaterial} from a local SciWorldEnv (few-shot from train only)."""
+  from empo2_jax.envs import fewshot
+  shots = tuple(fewshot.gold_trajectories(env, task, n=n_few_shot))
+  return {(task, int(v)): fewshot.prompt_material(env, task, int(v), shots) for v in variations}
+
+
+__all__ = ["Actor", "ActorSettings", "Episode", "Memory", "material_for", "PromptMaterial"]

@@ -1,0 +1,112 @@
+"""Builds the trainer's parts from a config, with clear errors for settings that cannot work."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from empo2_jax.model import configs as model_configs
+from empo2_jax.model import hf, qwen2
+
+MODES = ("", "on", "on_tips", "off")
+
+
+class ConfigError(ValueError):
+  pass
+
+
+def check_config(c) -> None:
+  """Fail before any process starts or weight loads."""
+  if not c.model.checkpoint and not c.model.random_init:
+    raise ConfigError(
+        "config.model.checkpoint is empty: pass a Hugging Face Qwen2.5 directory (local or gs://), "
+        "e.g. --config.model.checkpoint=/path/to/Qwen2.5-7B-Instruct, or run the CPU demo with "
+        "--config=configs/sciworld.py:cpu (random-init small model)")
+  if c.empo2.force_mode not in MODES:
+    raise ConfigError(f"empo2.force_mode={c.empo2.force_mode!r}; valid: {MODES}")
+  if c.empo2.ratio_variant not in ("paper", "release"):
+    raise ConfigError(f"empo2.ratio_variant={c.empo2.ratio_variant!r}; valid: paper, release")
+  if c.empo2.memory_key not in ("step", "final"):
+    raise ConfigError(f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final")
+  if c.advantage.estimator not in ("grpo_step", "grpo_rollout", "gigpo"):
+    raise ConfigError(f"advantage.estimator={c.advantage.estimator!r}; "
+                      "valid: grpo_step, grpo_rollout, gigpo")
+  if c.env.name != "scienceworld":
+    raise ConfigError(f"env.name={c.env.name!r}; only 'scienceworld' is implemented")
+  if c.rollout.group_size < 2:
+    raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
+
+
+def kl_type(name: str) -> str:
+  table = {"k1": "k1", "k3": "low_var_kl", "low_var_kl": "low_var_kl"}
+  if name not in table:
+    raise ConfigError(f"loss.kl_estimator={name!r}; valid: {sorted(table)}")
+  return table[name]
+
+
+def policy(c):
+  """(model config, params on device) from a HF checkpoint or a seeded random init."""
+  overrides = dict(compute_dtype=c.model.compute_dtype, remat=c.model.remat)
+  if c.model.checkpoint:
+    config, params = hf.load_checkpoint(c.model.checkpoint, dtype=c.model.param_dtype, **overrides)
+  else:
+    config = model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype, **overrides)
+    params = qwen2.init_params(config, jax.random.PRNGKey(c.seed))
+  return config, jax.tree.map(jax.numpy.asarray, params)
+
+
+def tokenizer(c):
+  from empo2_jax.model.tokenizer import load_tokenizer
+  path = c.model.tokenizer or c.model.checkpoint or None
+  try:
+    return load_tokenizer(path)
+  except FileNotFoundError:
+    if c.model.tokenizer:
+      raise
+    return load_tokenizer(None)   # a weights-only checkpoint dir: the bundled Qwen2.5 tokenizer
+
+
+def mesh(c):
+  """The device mesh of config.mesh (single device: None, jit follows the inputs)."""
+  if len(jax.devices()) == 1:
+    return None
+  from empo2_jax.parallel import mesh as mesh_lib
+  return mesh_lib.make_mesh(dict(c.mesh))
+
+
+def envs(c):
+  """(EnvPool, a local SciWorldEnv for prompt material) for config.env."""
+  from empo2_jax.envs.pool import EnvPool, PoolConfig
+  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+  kw = dict(simplification=c.env.simplification, num_train_rows=c.env.num_train_rows,
+            num_test_rows=c.env.num_test_rows, java_tool_options=c.env.java_tool_options)
+  if c.env.max_steps:
+    kw.update(default_max_steps=c.env.max_steps, max_steps_overrides=())
+  env_cfg = SciWorldConfig(**kw)
+  pool = EnvPool(env_cfg, PoolConfig(num_workers=c.env.workers,
+                                     java_tool_options=c.env.java_tool_options,
+                                     call_timeout_s=c.env.call_timeout_s,
+                                     max_retries=c.env.max_retries))
+  try:   # the local env replays gold trajectories: no agent step limit of the demo configs
+    env = SciWorldEnv(dataclasses.replace(env_cfg, default_max_steps=1000, max_steps_overrides=()))
+    if c.env.task not in env.tasks:
+      raise ConfigError(f"env.task={c.env.task!r}; valid: {', '.join(env.tasks)}")
+  except BaseException:
+    pool.close()
+    raise
+  return pool, env
+
+
+def memory(c):
+  """(encoder, store, index) for config.memory."""
+  from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
+  from empo2_jax.memory.store import MemoryStore
+  from empo2_jax.model.encoder import Encoder
+  encoder = Encoder.load(c.memory.encoder_dir or None)
+  store = MemoryStore(dim=encoder.dim, max_per_slot=c.memory.max_entries)
+  index = MemoryIndex(store, RetrievalConfig(threshold=c.memory.threshold, top_k=c.memory.top_k))
+  return encoder, store, index
+
+
+__all__ = ["check_config", "policy", "tokenizer", "mesh", "envs", "memory", "kl_type", "np"]

@@ -1,0 +1,222 @@
+"""The EMPO2 training loop (SPEC §1): draw a mode, roll out, reflect, build batches, update, log.
+
+    trainer = Trainer(config, workdir)
+    trainer.run()            # config.train.iterations iterations, eval every eval_every
+
+Everything with side effects (env processes, files, the JVMs) lives here and in the actor; the
+update, losses and advantages are the pure kernels of empo2_jax.rl.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from typing import Optional
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from empo2_jax.agent.actor import Actor, ActorSettings, Memory, material_for
+from empo2_jax.rl import batch as batch_lib
+from empo2_jax.rl import update as update_lib
+from empo2_jax.rl.losses import LossConfig
+from empo2_jax.train import build
+from empo2_jax.train.metrics import MetricsWriter
+
+log = logging.getLogger("empo2_jax")
+MODES = ("on", "on_tips", "off")
+
+
+def draw_mode(u: float, p_memory: float, q_offpolicy: float) -> str:
+  """SPEC §1: u ~ U[0,1). off-policy if u < p*q; on-policy with tips if u < p; else on-policy."""
+  if not (0.0 <= p_memory <= 1.0 and 0.0 <= q_offpolicy <= 1.0):
+    raise ValueError(f"p_memory={p_memory} and q_offpolicy={q_offpolicy} must be in [0, 1]")
+  if u < p_memory * q_offpolicy:
+    return "off"
+  if u < p_memory:
+    return "on_tips"
+  return "on"
+
+
+class NonFiniteError(FloatingPointError):
+  pass
+
+
+class Trainer:
+
+  def __init__(self, config, workdir: str, *, progress: bool = True):
+    self.config, self.workdir = config, workdir
+    build.check_config(config)            # fails at once on a missing checkpoint, bad mode, ...
+    os.makedirs(workdir, exist_ok=True)
+    c = config
+    self.model_config, params = build.policy(c)
+    self.tokenizer = build.tokenizer(c)
+    self.mesh = build.mesh(c)
+    self.update_cfg = update_lib.UpdateConfig(
+        learning_rate=c.optim.lr, weight_decay=c.optim.weight_decay, adam_b1=c.optim.b1,
+        adam_b2=c.optim.b2, max_grad_norm=c.optim.grad_clip,
+        num_minibatches=c.optim.num_minibatches, micro_rows=c.optim.micro_rows,
+        ppo_epochs=c.optim.epochs, temperature=c.rollout.temperature,
+        loss=LossConfig(clip_eps_low=c.loss.eps_low, clip_eps_high=c.loss.eps_high,
+                        dual_clip_c=c.loss.dual_clip or None, agg=c.loss.agg,
+                        kl_coef=c.loss.kl_coef, kl_type=build.kl_type(c.loss.kl_estimator),
+                        entropy_coef=c.loss.entropy_coef, low_prob_mask=c.loss.low_prob_mask,
+                        low_prob_delta=c.loss.low_prob_delta))
+    self.batch_cfg = batch_lib.BatchConfig(
+        max_prompt_len=c.optim.max_prompt_len, response_len=c.rollout.max_new_tokens,
+        ratio_variant=c.empo2.ratio_variant, pad_id=self.tokenizer.pad_token_id,
+        row_multiple=c.optim.num_minibatches * c.optim.micro_rows)
+    self.optimizer = update_lib.make_optimizer(self.update_cfg)
+    self.state = update_lib.init_train_state(params, self.optimizer)
+    self.ref_params = jax.tree.map(jnp.copy, params) if c.loss.kl_coef else None
+    self._update = update_lib.make_update_fn(self.model_config, self.update_cfg, self.optimizer)
+
+    self.pool, env = build.envs(c)
+    task = c.env.task
+    self.train_rows = env.rows(task, "train")
+    self.test_rows = env.rows(task, "test")
+    materials = material_for(env, task, self.train_rows + self.test_rows)
+    env.close()
+    self.memory = Memory(*build.memory(c))
+    self.actor = Actor(self.pool, self.tokenizer, materials, self.memory, ActorSettings(
+        max_new_tokens=c.rollout.max_new_tokens, max_context=c.rollout.max_context,
+        top_p=c.rollout.top_p, top_k=c.rollout.top_k,
+        tip_max_new_tokens=c.empo2.tip_max_new_tokens, tip_temperature=c.empo2.tip_temperature,
+        intrinsic_scale=c.empo2.intrinsic_scale, intrinsic_reward=c.empo2.intrinsic_reward,
+        memory_key=c.empo2.memory_key, cache_dtype=c.rollout.cache_dtype))
+    self.rng = jax.random.PRNGKey(c.seed)
+    self.iteration = 0
+    self.row_cursor = 0
+    self.metrics = MetricsWriter(workdir, total=c.train.iterations, progress=progress)
+
+  # ------------------------------------------------------------------------------------------
+  def _rows_for_iteration(self) -> list[int]:
+    """rows_per_iter train rows, walking a per-epoch permutation of the training rows."""
+    n, out = len(self.train_rows), []
+    for _ in range(self.config.rollout.rows_per_iter):
+      epoch, pos = divmod(self.row_cursor, n)
+      perm = np.random.default_rng([self.config.seed, epoch]).permutation(n)
+      out.append(self.train_rows[perm[pos]])
+      self.row_cursor += 1
+    return out
+
+  def _mode(self, key) -> str:
+    forced = self.config.empo2.force_mode
+    if forced:
+      return forced
+    u = float(jax.random.uniform(key))
+    return draw_mode(u, self.config.empo2.p_memory, self.config.empo2.q_offpolicy)
+
+  def train_iteration(self) -> dict:
+    c, it = self.config, self.iteration
+    key = jax.random.fold_in(self.rng, it)
+    k_mode, k_roll = jax.random.split(key)
+    mode = self._mode(k_mode)
+    use_memory = mode != "on"
+    timing = {}
+
+    t0 = time.perf_counter()
+    rows = self._rows_for_iteration()
+    specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
+    episodes = self.actor.rollout(self.state.params, self.model_config, specs,
+                                  use_memory=use_memory, temperature=c.rollout.temperature,
+                                  rng=k_roll, mode=mode, reflect=True, iteration=it)
+    roll_stats = dict(self.actor.last_stats)
+    timing["time/rollout_and_reflect"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    turns = [t for e in episodes for t in e.turns]
+    adv_kwargs = {}
+    if c.advantage.estimator == "gigpo":
+      adv_kwargs = dict(gamma=c.advantage.gamma, step_weight=c.advantage.step_weight,
+                        use_std=c.advantage.use_std)
+    advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
+    batch, bstats = batch_lib.build_batch(turns, advantages, self.tokenizer, self.batch_cfg)
+    self.last_batch = batch          # host copy, for inspection (tests, debugging)
+    timing["time/batching"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if bstats["n_samples"]:
+      args = (self.ref_params,) if self.ref_params is not None else ()
+      self.state, upd = self._update(self.state, batch, *args)
+      upd = {f"loss/{k}": float(v) for k, v in jax.device_get(upd).items()}
+    else:
+      upd = {}
+    timing["time/update"] = time.perf_counter() - t0
+    bad = [k for k, v in upd.items() if not math.isfinite(v)]
+    if bad:
+      raise NonFiniteError(f"iteration {it}: non-finite update metrics {bad} "
+                           f"(mode={mode}); lower optim.lr or check the batch")
+
+    returns = np.array([e.episode_return for e in episodes], np.float64)
+    intrinsic = [t.intrinsic for t in turns]
+    out = {
+        "mode": mode, "mode_id": MODES.index(mode),
+        "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+        "success": float(np.mean([e.success for e in episodes])),
+        "episode_steps": float(np.mean([len(e.turns) for e in episodes])),
+        "env_failed": int(sum(e.env_failed for e in episodes)),
+        "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
+        "memory_size": len(self.memory.store),
+        "retrieval_hits_per_step": (roll_stats["retrieved"] / roll_stats["memory_steps"]
+                                    if roll_stats.get("memory_steps") else 0.0),
+        "tips_written": roll_stats.get("tips", 0),
+        "memory_writes": roll_stats.get("memory_writes", 0),
+        "prefill_tokens": roll_stats.get("prefill_tokens", 0),
+        "reused_tokens": roll_stats.get("reused_tokens", 0),
+        "samples": bstats["n_samples"], "dropped_long": bstats["n_dropped_prompt"],
+        "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
+    }
+    out.update(upd)
+    out.update(timing)
+    self.last_episodes = episodes
+    return out
+
+  def evaluate(self, with_memory: bool = False) -> dict:
+    """Test variations, temperature eval_temperature, WITHOUT memory unless asked (SPEC §1)."""
+    c = self.config
+    specs = [(c.env.task, v, g) for g, v in enumerate(self.test_rows)
+             for _ in range(c.train.eval_repeats)]
+    t0 = time.perf_counter()
+    episodes = self.actor.rollout(self.state.params, self.model_config, specs,
+                                  use_memory=with_memory, temperature=c.train.eval_temperature,
+                                  rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
+                                  mode="eval", reflect=False)
+    returns = np.array([e.episode_return for e in episodes])
+    tag = "eval_mem" if with_memory else "eval"
+    return {f"{tag}/return_mean": float(returns.mean()), f"{tag}/return_std": float(returns.std()),
+            f"{tag}/success": float(np.mean([e.success for e in episodes])),
+            f"{tag}/episodes": len(episodes), "time/eval": time.perf_counter() - t0}
+
+  def run(self, iterations: Optional[int] = None) -> list[dict]:
+    c = self.config
+    total = c.train.iterations if iterations is None else iterations
+    history = []
+    try:
+      while self.iteration < total:
+        t0 = time.perf_counter()
+        m = self.train_iteration()
+        self.iteration += 1
+        every = c.train.eval_every
+        last = self.iteration == total
+        if (every and self.iteration % every == 0) or (last and c.train.eval_at_end):
+          m.update(self.evaluate(False))
+          if c.train.eval_with_memory:
+            m.update(self.evaluate(True))
+        m["time/iteration"] = time.perf_counter() - t0
+        self.metrics.write(self.iteration, m)
+        history.append(m)
+    finally:
+      self.close()
+    return history
+
+  def close(self) -> None:
+    self.metrics.close()
+    self.pool.close()
+
+
+__all__ = ["Trainer", "draw_mode", "NonFiniteError", "dataclasses"]

@@ -1,0 +1,73 @@
+"""Train EMPO2.
+
+  python launch/train.py --config=configs/sciworld.py --config.model.checkpoint=DIR --workdir=runs/x
+  python launch/train.py --config=configs/sciworld.py:cpu --workdir=runs/cpu      # CPU demo
+  python launch/train.py --config=configs/sciworld.py:cpu --config.empo2.p_memory=0.5 ...
+
+Any config field can be overridden with --config.<path>=value; an unknown key fails with the list
+of valid keys at that level.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file (path[:arg])",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/default", "where metrics and checkpoints go")
+_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "disable the progress bar")
+
+
+def _check_overrides(argv_full, config) -> None:
+  """Name the valid keys when an override path does not exist (before absl's terser error)."""
+  for arg in argv_full:
+    if not arg.startswith("--config.") or "=" not in arg:
+      continue
+    path = arg[len("--config."):].split("=", 1)[0].split(".")
+    node = config
+    for i, part in enumerate(path):
+      keys = list(node.keys()) if hasattr(node, "keys") else []
+      if part not in keys:
+        where = "config" + "".join(f".{p}" for p in path[:i])
+        sys.exit(f"error: unknown config key {arg.split('=')[0]!r}: {where} has no field "
+                 f"{part!r}; valid keys: {', '.join(sorted(keys))}")
+      node = node[part]
+
+
+def main(argv):
+  del argv
+  from empo2_jax.train.build import ConfigError
+  from empo2_jax.train.trainer import Trainer
+  config = _CONFIG.value
+  logging.info("config:\n%s", config)
+  try:
+    trainer = Trainer(config, _WORKDIR.value, progress=not _NO_PROGRESS.value)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
+  history = trainer.run()
+  if history:
+    last = history[-1]
+    summary = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in last.items() if k in (
+                           "mode", "return_mean", "success", "memory_size", "loss/pg_loss",
+                           "eval/return_mean", "eval/success"))
+    print(f"done iterations={len(history)} workdir={_WORKDIR.value} {summary}")
+
+
+def _run():
+  # Resolve the config file first (without overrides) to check override keys with a clear message.
+  cfg_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), None)
+  if cfg_arg:
+    from ml_collections.config_flags import config_flags as cf
+    base = cf._LoadConfigModule("config", cfg_arg.split(":", 1)[0])  # pylint: disable=protected-access
+    arg = cfg_arg.split(":", 1)[1] if ":" in cfg_arg else None
+    cfg = base.get_config(arg) if arg is not None else base.get_config()
+    _check_overrides(sys.argv[1:], cfg)
+  app.run(main)
+
+
+if __name__ == "__main__":
+  _run()

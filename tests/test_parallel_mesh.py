@@ -1,0 +1,100 @@
+"""Mesh specs, partition rules and their clear errors (one process, no device mesh needed)."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from empo2_jax.model import qwen2
+from empo2_jax.model.configs import get_preset
+from empo2_jax.parallel import aot, mesh as pmesh, sharding as shd, train_lm
+
+
+def abstract_mesh(data, fsdp, tensor):
+  return AbstractMesh((data, fsdp, tensor), pmesh.AXES)
+
+
+def test_mesh_spec_parsing_and_minus_one():
+  assert pmesh.parse_mesh_spec("data=2, fsdp=-1") == {"data": 2, "fsdp": -1, "tensor": 1}
+  assert pmesh.resolve_mesh_shape("data=2,fsdp=-1,tensor=2", 16) == {
+      "data": 2, "fsdp": 4, "tensor": 2}
+  assert pmesh.resolve_mesh_shape((1, 4, 2), 8) == {"data": 1, "fsdp": 4, "tensor": 2}
+
+
+@pytest.mark.parametrize("spec,devices,msg", [
+    ((3, 1, 1), 8, "uses 3 devices but there are 8"),
+    ("data=3,fsdp=-1", 8, "does not divide the 8 devices"),
+    ("data=-1,fsdp=-1", 8, "at most one axis may be -1"),
+    ("pipeline=2", 8, "unknown mesh axes ['pipeline']"),
+    ("data2", 8, "is not axis=size"),
+])
+def test_mesh_errors(spec, devices, msg):
+  with pytest.raises(ValueError) as e:
+    pmesh.resolve_mesh_shape(spec, devices)
+  assert msg in str(e.value)
+
+
+def test_make_mesh_on_this_host_and_bad_count():
+  mesh = pmesh.make_mesh("fsdp=-1")
+  assert mesh.axis_names == pmesh.AXES and mesh.devices.size == jax.device_count()
+  assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+  with pytest.raises(ValueError, match="uses 2 devices but there are 1"):
+    pmesh.make_mesh((2, 1, 1), jax.devices()[:1])
+
+
+def test_rules_cover_every_param_and_keep_layer_axis_unsharded():
+  config = get_preset("7b")
+  specs = shd.tree_specs(qwen2.param_shapes(config))
+  assert specs["embed"] == P("tensor", "fsdp") and specs["lm_head"] == P("fsdp", "tensor")
+  assert specs["layers"]["wq"] == P(None, "fsdp", "tensor")
+  assert specs["layers"]["w_down"] == P(None, "tensor", "fsdp")
+  assert specs["layers"]["attn_norm"] == P() and specs["final_norm"] == P()
+  for name, spec in specs["layers"].items():
+    assert len(spec) == 0 or spec[0] is None, name
+  # every 7B param divides a (data=1, fsdp=16, tensor=4) pod slice
+  shd.tree_shardings(qwen2.param_shapes(config), abstract_mesh(1, 16, 4))
+
+
+def test_optimizer_state_follows_params():
+  config = get_preset("tiny")
+  opt = train_lm.make_optimizer(train_lm.LMTrainConfig())
+  state = train_lm.abstract_train_state(config, opt)
+  specs = shd.tree_specs(state)
+  adam = specs.opt_state[1][0]
+  assert adam.mu == specs.params and adam.nu == specs.params
+  assert adam.count == P() and specs.step == P()
+
+
+def test_unshardable_dim_names_the_param():
+  shapes = qwen2.param_shapes(get_preset("0.5b"))   # D = 896 = 2^7 * 7
+  with pytest.raises(ValueError) as e:
+    shd.tree_shardings(shapes, abstract_mesh(1, 256, 1))
+  assert "embed" in str(e.value) and "896" in str(e.value) and "fsdp" in str(e.value)
+  with pytest.raises(ValueError, match="layers/wq"):
+    shd.tree_shardings({"layers": {"wq": (2, 64, 6)}}, abstract_mesh(1, 1, 4))
+
+
+def test_unmatched_param_is_an_error():
+  with pytest.raises(ValueError, match="no partition rule matches param 'layers/w_new'"):
+    shd.tree_specs({"layers": {"w_new": (2, 8, 8)}})
+
+
+def test_batch_must_divide_data_times_fsdp():
+  mesh = pmesh.make_mesh((1, 1, 1))
+  shd.shard_batch({"tokens": np.zeros((3, 4), np.int32)}, mesh)   # 1 device: any batch
+  with pytest.raises(ValueError, match="divisible by data\\*fsdp = 8"):
+    shd._check_batch("tokens", (12, 4), abstract_mesh(2, 4, 1))
+
+
+def test_unknown_topology_lists_valid_examples():
+  with pytest.raises(ValueError) as e:
+    aot.topology_devices("v9x:2x2")
+  assert "unknown TPU topology 'v9x:2x2'" in str(e.value) and "v5p:2x2x1" in str(e.value)
+  with pytest.raises(ValueError, match="unknown TPU topology"):
+    aot.topology_devices("v5p")
+
+
+def test_model_flops_formula_matches_param_count():
+  c = get_preset("7b")
+  matmul = c.num_params() - c.vocab_size * c.hidden_size - c.hidden_size * (
+      2 * c.num_layers + 1) - c.num_layers * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+  assert aot.forward_flops_per_token(c, 0) == pytest.approx(2 * matmul)

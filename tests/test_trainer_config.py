@@ -1,0 +1,65 @@
+"""Mode drawing, configs and the trainer's clear errors (fast; no environments started)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from empo2_jax.train.build import ConfigError, check_config
+from empo2_jax.train.trainer import draw_mode
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+import sciworld  # noqa: E402
+
+
+@pytest.mark.parametrize("p,q", [(0.25, 2 / 3), (0.5, 1 / 3), (0.1, 1.0), (0.0, 0.5)])
+def test_mode_frequencies_match_p_and_q(p, q):
+  n = 200_000
+  u = np.random.default_rng(0).random(n)
+  modes = np.array([draw_mode(x, p, q) for x in u])
+  expect = {"off": p * q, "on_tips": p * (1 - q), "on": 1 - p}
+  for mode, prob in expect.items():
+    freq = np.mean(modes == mode)
+    sigma = np.sqrt(prob * (1 - prob) / n)
+    assert abs(freq - prob) <= 5 * sigma + 1e-12, (mode, freq, prob)
+
+
+def test_mode_boundaries_follow_spec():
+  assert draw_mode(0.16, 0.25, 2 / 3) == "off"
+  assert draw_mode(0.17, 0.25, 2 / 3) == "on_tips"
+  assert draw_mode(0.249, 0.25, 2 / 3) == "on_tips"
+  assert draw_mode(0.25, 0.25, 2 / 3) == "on"
+  with pytest.raises(ValueError):
+    draw_mode(0.5, 1.5, 0.5)
+
+
+def test_default_config_is_the_paper_setup():
+  c = sciworld.get_config()
+  assert c.model.preset == "7b" and c.optim.lr == 1e-6
+  assert (c.rollout.rows_per_iter, c.rollout.group_size) == (16, 8)
+  assert (c.loss.eps_low, c.loss.eps_high, c.loss.dual_clip) == (0.2, 0.3, 10.0)
+  assert c.loss.low_prob_delta == -5.0 and c.memory.threshold == 0.5 and c.memory.top_k == 10
+  assert c.train.eval_temperature == 0.4 and c.train.eval_every == 20
+  with pytest.raises(ConfigError, match="checkpoint"):
+    check_config(c)
+
+
+def test_unknown_config_key_names_valid_keys():
+  c = sciworld.get_config("cpu")
+  with pytest.raises(AttributeError, match="p_memory"):
+    c.empo2.p_memry = 0.5
+  with pytest.raises(ValueError, match="valid"):
+    sciworld.get_config("gpu")
+
+
+def test_train_cli_errors_fast():
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
+         "--config=" + os.path.join(ROOT, "configs", "sciworld.py")]
+  out = subprocess.run(cmd + ["--workdir=/tmp/empo2_never"], capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode != 0 and "config.model.checkpoint" in out.stderr
+  out = subprocess.run(cmd + ["--config.empo2.p_memry=0.1"], capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode != 0 and "p_memory" in out.stderr and "p_memry" in out.stderr
