@@ -33,11 +33,14 @@ def main(argv=None) -> int:
   p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation steps")
   p.add_argument("--loss_chunk", type=int, default=512, help="tokens per vocab-projection chunk")
   p.add_argument("--hbm_gib", type=float, default=None, help="override the chip's HBM (what-if)")
+  p.add_argument("--no_cost_probe", action="store_true",
+                 help="skip the flops/time probes (est_mfu=nan; memory figures only)")
   a = p.parse_args(argv)
   req = aot.AotRequest(program=a.program, preset=a.preset, topology=a.topology, batch=a.batch,
                        seq=a.seq, mesh=a.mesh, remat=a.remat, param_dtype=a.param_dtype,
                        compute_dtype=a.compute_dtype, num_microbatches=a.microbatches,
-                       loss_chunk=a.loss_chunk, hbm_gib=a.hbm_gib)
+                       loss_chunk=a.loss_chunk, hbm_gib=a.hbm_gib,
+                       cost_probe=not a.no_cost_probe)
   try:
     report = aot.compile_program(req)
   except (ValueError, KeyError) as e:

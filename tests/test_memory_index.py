@@ -185,3 +185,24 @@ def test_short_scann_answers_are_not_padded_hits():
         found += j in uids
     assert found >= 15
     assert idx.stats["ann"] == 20
+
+
+def test_without_scann_falls_back_to_exact_with_one_warning(monkeypatch):
+    from empo2_jax.memory import index as index_mod
+    monkeypatch.setattr(index_mod, "_scann", None)
+    monkeypatch.setattr(index_mod, "_warned_no_scann", False)
+    emb = clustered(600, seed=5)
+    scores = np.arange(600, dtype=np.float32) % 7
+    store = MemoryStore(max_per_slot=1000)
+    fill(store, ("t", 0), emb, scores)
+    idx = MemoryIndex(store, RetrievalConfig(exact_max=100))
+    q = clustered(50, seed=5)
+    with pytest.warns(RuntimeWarning, match="scann could not be imported"):
+        got = [[h.uid for h in hits] for hits in idx.search_batch([("t", 0)] * 50, q)]
+    slot = store.slot(("t", 0))
+    assert got == brute_force(slot.embeddings, slot.scores, slot.uids, q)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        idx.search(("t", 0), q[0])
+    assert idx.stats["exact"] == 51 and idx.stats["builds"] == 0

@@ -94,3 +94,9 @@ def test_intrinsic_reward():
     assert intrinsic_reward(n).dtype == np.float32 and intrinsic_reward(4) == pytest.approx(0.2)
     with pytest.raises(ValueError):
         intrinsic_reward([-1])
+
+
+def test_tip_block():
+    assert R.tip_block([]) == ""
+    assert R.tip_block(["m1", "m2"]) == (
+        "<tip> Here are some memories you collected in your previous exploration:\nm1\nm2\n</tip>")

@@ -64,3 +64,13 @@ def test_topology_errors_are_clear():
   assert rc == 2 and "libtpu could not build topology 'v5e:3x3'" in err
   rc, _, err = aot("--program=nope", *TINY)
   assert rc == 2 and "registered: ['forward', 'lm_train_step']" in err
+
+
+@pytest.mark.slow
+def test_72b_does_not_fit_four_v5p_chips():
+  # Real shapes: libtpu rejects the program for HBM (it fails fast, in seconds of compile).
+  rc, out, err = aot("--program=lm_train_step", "--preset=72b", "--topology=v5p:2x2x1",
+                     "--batch=128", "--seq=4500", "--microbatches=32", "--no_cost_probe")
+  assert rc == 0, err[-3000:]
+  r = parse_last_line(out)
+  assert not r["fits"] and r["per_chip"] > r["hbm"] == 95 and "DOES NOT FIT" in out

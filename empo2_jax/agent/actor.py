@@ -26,7 +26,7 @@ import jax
 
 from empo2_jax.agent import prompts
 from empo2_jax.envs.fewshot import PromptMaterial
-from empo2_jax.memory import reflect as reflect_lib
+from empo2_jax.memory.reflect import MemoryWrite, clean_tip, commit, memory_text, tip_chat
 from empo2_jax.memory.rewards import intrinsic_reward
 from empo2_jax.model.tokenizer import stop_ids
 from empo2_jax.rl.batch import Turn
@@ -201,22 +201,21 @@ class Actor:
     if self.memory is None:
       return {}
     todo = [i for i, e in enumerate(episodes) if e.turns and not e.env_failed]
-    requests = {i: self._ids(reflect_lib.tip_chat(episodes[i].messages)) for i in todo}
+    requests = {i: self._ids(tip_chat(episodes[i].messages)) for i in todo}
     out = session.step(requests, max_new_tokens=s.tip_max_new_tokens,
                        temperature=s.tip_temperature, top_p=s.top_p, top_k=s.top_k,
                        stop_ids=self.stop_ids, rng=jax.random.fold_in(rng, 7919))
     writes = []
     for i in todo:
       e = episodes[i]
-      e.tip = reflect_lib.clean_tip(self.tok.decode(out[i][0], skip_special_tokens=True))
+      e.tip = clean_tip(self.tok.decode(out[i][0], skip_special_tokens=True))
       if not e.tip:
         continue
       keys = e.step_keys if s.memory_key == "step" else [self._key(e, "")] * len(e.executed)
       for action, key in zip(e.executed, keys):
-        writes.append(reflect_lib.MemoryWrite((e.task, e.variation),
-                                              reflect_lib.memory_text(e.tip, action, e.score),
-                                              e.score, key))
-    uids = reflect_lib.commit(self.memory.store, self.memory.encoder, writes, iteration)
+        writes.append(MemoryWrite((e.task, e.variation), memory_text(e.tip, action, e.score),
+                                  e.score, key))
+    uids = commit(self.memory.store, self.memory.encoder, writes, iteration)
     return {"tips": sum(1 for i in todo if episodes[i].tip),
             "memory_writes": sum(u is not None for u in uids)}
 

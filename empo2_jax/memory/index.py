@@ -95,7 +95,7 @@ class MemoryIndex:
         out: list[list[Hit]] = [[] for _ in keys]
         groups: dict[SlotKey, list[int]] = {}
         for i, k in enumerate(keys):
-            groups.setdefault(self.store._key(k), []).append(i)
+            groups.setdefault(self.store.slot_key(k), []).append(i)
         for key, rows in groups.items():
             slot = self.store.slot(key)
             if slot is None or len(slot) == 0:
@@ -159,7 +159,7 @@ class MemoryIndex:
         leaves = max(8, min(n // 20, int(cfg.leaves_per_sqrt_n * math.sqrt(n))))
         searcher = (_scann.builder(emb, cfg.candidates, "dot_product")
                     .tree(num_leaves=leaves, num_leaves_to_search=max(1, math.ceil(leaves * cfg.search_fraction)),
-                          training_sample_size=min(n, cfg.training_sample))
+                          training_sample_size=min(n, cfg.training_sample), spherical=True)
                     .score_ah(2, anisotropic_quantization_threshold=0.2)
                     .build())
         self.stats["builds"] += 1

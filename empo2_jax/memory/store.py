@@ -143,12 +143,12 @@ class MemoryStore:
         self._slots: dict[SlotKey, Slot] = {}
 
     @staticmethod
-    def _key(key) -> SlotKey:
+    def slot_key(key) -> SlotKey:
         task, variation = key
         return (str(task), int(variation))
 
     def slot(self, key) -> Slot | None:
-        return self._slots.get(self._key(key))
+        return self._slots.get(self.slot_key(key))
 
     def keys(self) -> list[SlotKey]:
         return sorted(self._slots)
@@ -163,7 +163,7 @@ class MemoryStore:
         emb = normalize_rows(np.asarray(embedding_d, np.float32).reshape(-1))
         if emb.shape != (self.dim,):
             raise ValueError(f"embedding has shape {emb.shape}, the store holds dim {self.dim}")
-        key = self._key(key)
+        key = self.slot_key(key)
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = Slot(self.dim, self.max_per_slot)

@@ -5,6 +5,11 @@ the devices of `jax.experimental.topologies.get_topology_desc(name)` and compile
 report gives per-chip memory (argument + output + temp - aliased), whether that fits the chip's
 HBM, the compiler's flop count and estimated run time, and the implied model-flops utilisation.
 
+XLA's cost analysis counts a while-loop body once, whatever its trip count, so the full program's
+flops and time are not read off it directly. A cost probe compiles the same program for one
+micro-batch, one loss chunk and 1 and 2 unrolled layers; cost(L) = c1 + (L - 1)(c2 - c1), times
+the number of micro-batches (the optimizer update, counted M times, is negligible).
+
 Programs live in `PROGRAMS` (name -> builder). A builder takes (model_config, mesh, request) and
 returns `Program(fn, args, model_flops)`; later issues add the EMPO2 `train_step` and `sampler`:
 
@@ -14,6 +19,7 @@ returns `Program(fn, args, model_flops)`; later issues add the EMPO2 `train_step
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -50,6 +56,7 @@ class AotRequest:
   num_microbatches: int = 1
   loss_chunk: int = 512
   hbm_gib: float | None = None   # override the chip table (what-if / tests)
+  cost_probe: bool = True        # compile the two small probes for flops / time / MFU
 
 
 class Program(NamedTuple):
@@ -113,11 +120,30 @@ def topology_devices(name: str) -> list:
                      f"{', '.join(TOPOLOGY_EXAMPLES)}") from e
 
 
+_HBM_OOM = re.compile(r"RESOURCE_EXHAUSTED.*?memory required for [^(]*\(([0-9.]+)G\)", re.S)
+
+
 def _cost(compiled) -> dict:
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
   return dict(cost or {})
+
+
+def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, float]:
+  """(flops, estimated seconds) per device of the full program, from loop-free probes."""
+  m = req.num_microbatches
+  probe_req = dataclasses.replace(req, batch=req.batch // m, num_microbatches=1,
+                                  loss_chunk=req.seq)
+  costs = []
+  for layers in (1, 2):
+    probe_cfg = config.replace(num_layers=layers, scan_layers=False)
+    prog = PROGRAMS[req.program](probe_cfg, mesh, probe_req)
+    cost = _cost(prog.fn.lower(*prog.args).compile())
+    costs.append((float(cost.get("flops", 0.0)), float(cost.get("optimal_seconds", 0.0))))
+  (f1, s1), (f2, s2) = costs
+  extra = config.num_layers - 1
+  return m * (f1 + extra * (f2 - f1)), m * (s1 + extra * (s2 - s1))
 
 
 def compile_program(req: AotRequest) -> dict:
@@ -133,18 +159,28 @@ def compile_program(req: AotRequest) -> dict:
   mesh = make_mesh(req.mesh, devices)
   prog = PROGRAMS[req.program](config, mesh, req)
 
+  hbm = req.hbm_gib if req.hbm_gib is not None else HBM_GIB[gen]
   t0 = time.time()
-  compiled = prog.fn.lower(*prog.args).compile()
+  try:
+    compiled = prog.fn.lower(*prog.args).compile()
+  except jax.errors.JaxRuntimeError as e:
+    oom = _HBM_OOM.search(str(e))
+    if not oom:
+      raise
+    # libtpu refuses programs that overflow HBM; its figure is a lower bound on the need.
+    need = float(oom.group(1)) * per_chip_devices
+    return {"program": req.program, "preset": req.preset, "topology": req.topology,
+            "mesh": dict(mesh.shape), "chips": chips, "devices": len(devices),
+            "params_b": config.num_params() / 1e9, "compile_s": time.time() - t0,
+            "oom": str(e).splitlines()[0], "per_chip_gib": need, "hbm_gib": hbm, "fits": False,
+            "est_mfu": float("nan")}
   compile_s = time.time() - t0
+  flops_device, est_s = _probe_cost(req, config, mesh) if req.cost_probe else (0.0, 0.0)
   mem = compiled.memory_analysis()
   per_device = (mem.argument_size_in_bytes + mem.output_size_in_bytes
                 + mem.temp_size_in_bytes - mem.alias_size_in_bytes
                 + mem.generated_code_size_in_bytes)
   per_chip_gib = per_device * per_chip_devices / GIB
-  hbm = req.hbm_gib if req.hbm_gib is not None else HBM_GIB[gen]
-  cost = _cost(compiled)
-  flops_device = float(cost.get("flops", 0.0))
-  est_s = float(cost.get("optimal_seconds", 0.0))
   peak = PEAK_BF16_TFLOPS[gen] * 1e12 * chips
   return {
       "program": req.program, "preset": req.preset, "topology": req.topology,
@@ -159,10 +195,21 @@ def compile_program(req: AotRequest) -> dict:
   }
 
 
+def _last_line(r: dict) -> str:
+  return (f"aot program={r['program']} preset={r['preset']} topology={r['topology']} "
+          f"per_chip_gib={r['per_chip_gib']:.2f} hbm_gib={r['hbm_gib']:g} "
+          f"fits={'true' if r['fits'] else 'false'} est_mfu={r['est_mfu']:.3f}")
+
+
 def format_report(r: dict, req: AotRequest) -> str:
+  head = (f"program {r['program']}  preset {r['preset']} ({r['params_b']:.2f}B params)  topology "
+          f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}")
+  if "oom" in r:
+    return "\n".join([head, f"libtpu: {r['oom']}",
+                      f"per chip: at least {r['per_chip_gib']:.2f} GiB of {r['hbm_gib']} GiB HBM "
+                      "-> DOES NOT FIT", _last_line(r)])
   lines = [
-      f"program {r['program']}  preset {r['preset']} ({r['params_b']:.2f}B params)  topology "
-      f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}",
+      head,
       f"batch {req.batch} x seq {req.seq}, micro-batches {req.num_microbatches}, remat "
       f"{req.remat}, params {req.param_dtype}, compute {req.compute_dtype}; compiled in "
       f"{r['compile_s']:.1f}s",
@@ -171,9 +218,8 @@ def format_report(r: dict, req: AotRequest) -> str:
       f"per chip: {r['per_chip_gib']:.3f} GiB of {r['hbm_gib']} GiB HBM -> "
       f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
       f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
-      f"estimated {r['est_seconds']:.3f}s per call",
-      f"aot program={r['program']} preset={r['preset']} topology={r['topology']} "
-      f"per_chip_gib={r['per_chip_gib']:.2f} hbm_gib={r['hbm_gib']:g} "
-      f"fits={'true' if r['fits'] else 'false'} est_mfu={r['est_mfu']:.3f}",
+      f"estimated {r['est_seconds']:.3f}s per call" + ("" if req.cost_probe else
+                                                         " (cost probe off)"),
+      _last_line(r),
   ]
   return "\n".join(lines)

@@ -79,9 +79,13 @@ def make_mesh(spec: MeshSpec = "data=1,fsdp=-1,tensor=1",
   devices = list(jax.devices() if devices is None else devices)
   axes = resolve_mesh_shape(spec, len(devices))
   shape = tuple(axes[a] for a in AXES)
+  grid = None
   if devices[0].platform == "tpu":
-    grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
-  else:
+    try:
+      grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    except AssertionError:  # e.g. v4 compiled without megacore: two devices per chip
+      grid = None
+  if grid is None:
     # Keep each process's devices contiguous so a host's batch slice is local to it.
     ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
     grid = np.array(ordered, dtype=object).reshape(shape)
