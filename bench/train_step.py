@@ -8,7 +8,7 @@ rows of prompt + response tokens; the loss covers the response tokens.
 
 Ours: one `rl/update` call = old log-probs (no-grad forward) + forward/backward + clipped AdamW
 (one mini-batch, one micro-batch). Torch: transformers' Qwen2ForCausalLM forward (full logits),
-log-softmax of the response positions, the policy-gradient loss, backward, clip, AdamW step.
+log-softmax of the response positions, the same on-policy surrogate, backward, clip, AdamW step.
 Last line: `train_step tokens_per_s ours=<a> torch=<b> ratio=<a/b>` (tokens = batch x length).
 """
 import argparse
@@ -75,12 +75,13 @@ def time_torch(path, batch, iters):
         logits = model(input_ids=tokens, attention_mask=attn).logits  # [B, L, V]
         logp = torch.log_softmax(logits[:, length - resp - 1:length - 1].float(), -1)
         logp = logp.gather(-1, tokens[:, length - resp:, None])[..., 0]
-        loss = -(adv * logp * mask).sum() / mask.sum()
+        ratio = torch.exp(logp - logp.detach())  # on-policy PPO ratio: value 1, gradient of logp
+        loss = -(adv * ratio * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     step()  # warm-up
     t0 = time.perf_counter()

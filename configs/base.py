@@ -20,7 +20,11 @@ def get_config(arg=None):
 
   c.env = dict(name="scienceworld", task="power-component", simplification="easy",
                num_train_rows=5, num_test_rows=20, max_steps=0,   # 0: the paper's per-task table
-               workers=8, java_tool_options="-Xmx512m", call_timeout_s=120.0, max_retries=3)
+               workers=8, call_timeout_s=120.0, max_retries=3,
+               # hashCode=2 (constant identity hash): the simulator lists objects in hash-set order,
+               # which otherwise depends on the JVM's history; with it a reset is reproducible in any
+               # JVM, so a resumed run sees the observations an uninterrupted one sees.
+               java_tool_options="-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2")
 
   # One iteration: rows_per_iter task rows x group_size rollouts (SPEC §1).
   c.rollout = dict(rows_per_iter=16, group_size=8, temperature=1.0, top_p=1.0, top_k=0,
@@ -45,6 +49,6 @@ def get_config(arg=None):
 
   c.train = dict(iterations=250, eval_every=20, eval_temperature=0.4, eval_repeats=4,
                  eval_with_memory=False, eval_at_end=True, checkpoint_every=10, keep_checkpoints=3,
-                 log_every=1)
+                 log_every=1, save_episodes=False)   # save_episodes: TFDS dataset (data/trajectories.py)
   c.lock()
   return c

@@ -4,6 +4,10 @@
   python launch/train.py --config=configs/sciworld.py:cpu --workdir=runs/cpu      # CPU demo
   python launch/train.py --config=configs/sciworld.py:cpu --config.empo2.p_memory=0.5 ...
 
+Rerunning the same command continues from the newest checkpoint in --workdir (SIGTERM checkpoints
+after the iteration in progress and exits 0). --config.train.save_episodes=True also writes the
+run's episodes as a TFDS dataset under <workdir>/episodes/tfds (empo2_jax/data/trajectories.py).
+
 Any config field can be overridden with --config.<path>=value; an unknown key fails with the list
 of valid keys at that level.
 """
@@ -47,7 +51,17 @@ def main(argv):
     trainer = Trainer(config, _WORKDIR.value, progress=not _NO_PROGRESS.value)
   except ConfigError as e:
     sys.exit(f"error: {e}")
+  # Resume order: the newest restorable checkpoint in the workdir (a corrupt one falls back to
+  # the step before, with a warning), else a fresh start from the config.
+  step = trainer.resume()
+  if step is not None:
+    print(f"resumed from {trainer.checkpointer.directory / str(step)} at iteration {step}",
+          flush=True)
   history = trainer.run()
+  if trainer.preempted:
+    print(f"preempted (SIGTERM): checkpoint at iteration {trainer.iteration} in "
+          f"{trainer.checkpointer.directory}; rerun the same command to continue", flush=True)
+    return
   if history:
     last = history[-1]
     summary = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"

@@ -27,7 +27,8 @@ CONFIG = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_
                      num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=False)
 # adam_eps well above gradient rounding, so the Adam step is smooth in the gradient (with eps
 # 1e-8, g / (|g| + eps) turns 1e-9 rounding in near-zero gradients into lr-sized differences).
-TRAIN = train_lm.LMTrainConfig(learning_rate=1e-2, adam_eps=1e-3, num_microbatches=2, loss_chunk=7)
+TRAIN = train_lm.LMTrainConfig(learning_rate=1e-2, adam_eps=1e-3, num_microbatches=2,
+                               loss_chunk=7)
 MESHES = [(8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
 
 

@@ -91,8 +91,10 @@ def test_response_logprobs_match_full_forward():
     attn = np.ones((B, L), np.int32)
     attn[1, :3] = 0  # left-padded prompt
     attn[2, -1] = 0  # right-padded response
-    lp = response_logprobs(params, cfg, jnp.asarray(tokens), jnp.asarray(attn), R, chunk_size=100)
-    logits = qwen2.forward(params, cfg, jnp.asarray(tokens), jnp.asarray(attn))
+    lp = jax.jit(lambda p, t, a: response_logprobs(p, cfg, t, a, R, chunk_size=100))(
+        params, jnp.asarray(tokens), jnp.asarray(attn))
+    logits = jax.jit(lambda p, t, a: qwen2.forward(p, cfg, t, a))(params, jnp.asarray(tokens),
+                                                                 jnp.asarray(attn))
     full = jax.nn.log_softmax(logits, -1)
     want = np.take_along_axis(np.asarray(full[:, L - R - 1:L - 1]), tokens[:, L - R:, None], -1)[..., 0]
     np.testing.assert_allclose(lp, want, rtol=1e-5, atol=1e-5)

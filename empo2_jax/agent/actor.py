@@ -64,6 +64,7 @@ class Episode:
   executed: list = dataclasses.field(default_factory=list)
   observations: list = dataclasses.field(default_factory=list)
   retrieved: list = dataclasses.field(default_factory=list)   # memories shown per step
+  tips_shown: list = dataclasses.field(default_factory=list)  # their texts, per step
   score: float = 0.0
   done: bool = False
   success: bool = False
@@ -144,6 +145,7 @@ class Actor:
         e = episodes[i]
         e.step_keys.append(key)
         e.retrieved.append(len(tip))
+        e.tips_shown.append(list(tip))
         e.observations.append(obs[i])
         if not e.messages:
           user = prompts.first_user_message(self.materials[(e.task, e.variation)], obs[i], tip)

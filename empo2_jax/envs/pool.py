@@ -48,6 +48,7 @@ class PoolConfig:
 def _worker_main(conn, env_config: SciWorldConfig) -> None:
   """Serves ('reset', [(slot, task, variation, replay_actions)]) and ('step', [(slot, action)])."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (a preempted trainer finishes its iteration)
   logging.getLogger("py4j").setLevel(logging.CRITICAL)  # a dead JVM is reported to the parent
   try:
     jvm = ScienceWorldJvm(env_config.java_tool_options)

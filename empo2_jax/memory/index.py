@@ -72,6 +72,13 @@ class _Ann:
     rank_uids: np.ndarray    # indexed uids sorted by (-score, uid)
 
 
+def _sims(q_md: np.ndarray, emb_nd: np.ndarray) -> np.ndarray:
+    """Cosines [m, n] of unit rows; one query goes through gemv, which is ~3x faster than a 1-row gemm."""
+    if len(q_md) == 1:
+        return (emb_nd @ q_md[0])[None]
+    return q_md @ emb_nd.T
+
+
 def _score_order(scores: np.ndarray, uids: np.ndarray) -> np.ndarray:
     return np.lexsort((uids, -scores.astype(np.float64)))
 
@@ -135,7 +142,7 @@ class MemoryIndex:
             cached = (slot, slot.oldest_uid, slot.next_uid, _score_order(slot.scores, slot.uids))
             self._order[key] = cached
         order = cached[3]
-        sims_mn = q_md @ slot.embeddings.T
+        sims_mn = _sims(q_md, slot.embeddings)
         passing_mn = sims_mn[:, order] > self.cfg.threshold
         out = []
         for i in range(len(q_md)):
@@ -174,7 +181,7 @@ class MemoryIndex:
         uids_mc = a.lo + np.asarray(idx_mc, np.int64)
         found_mc = np.isfinite(np.asarray(dist_mc))   # ScaNN pads short answers with index 0, NaN
         tail_u = np.arange(max(a.hi, base), slot.next_uid, dtype=np.int64)
-        tail_sims = q_md @ emb[tail_u - base].T if len(tail_u) else np.zeros((len(q_md), 0), np.float32)
+        tail_sims = _sims(q_md, emb[tail_u - base]) if len(tail_u) else np.zeros((len(q_md), 0), np.float32)
         results, saturated = [None] * len(q_md), []
         for i in range(len(q_md)):
             u = uids_mc[i][found_mc[i] & (uids_mc[i] >= base)]
@@ -211,7 +218,7 @@ class MemoryIndex:
             u = a.rank_uids[c0:c0 + size]
             c0, size = c0 + size, min(2 * size, cfg.scan_chunk)
             u = u[u >= base]
-            sims_ac = q_md[active] @ emb[u - base].T
+            sims_ac = _sims(q_md[active], emb[u - base])
             still = []
             for j, i in enumerate(active):
                 need = cfg.top_k - len(got_u[i])

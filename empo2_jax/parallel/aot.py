@@ -186,7 +186,8 @@ def compile_program(req: AotRequest) -> dict:
       "program": req.program, "preset": req.preset, "topology": req.topology,
       "mesh": dict(mesh.shape), "chips": chips, "devices": len(devices),
       "params_b": config.num_params() / 1e9, "compile_s": compile_s,
-      "argument_gib": mem.argument_size_in_bytes / GIB, "output_gib": mem.output_size_in_bytes / GIB,
+      "argument_gib": mem.argument_size_in_bytes / GIB,
+      "output_gib": mem.output_size_in_bytes / GIB,
       "temp_gib": mem.temp_size_in_bytes / GIB, "alias_gib": mem.alias_size_in_bytes / GIB,
       "per_chip_gib": per_chip_gib, "hbm_gib": hbm, "fits": per_chip_gib <= hbm,
       "compiler_flops": flops_device * len(devices), "model_flops": prog.model_flops,
@@ -217,9 +218,9 @@ def format_report(r: dict, req: AotRequest) -> str:
       f"temp {r['temp_gib']:.3f} GiB, aliased {r['alias_gib']:.3f} GiB",
       f"per chip: {r['per_chip_gib']:.3f} GiB of {r['hbm_gib']} GiB HBM -> "
       f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
-      f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
-      f"estimated {r['est_seconds']:.3f}s per call" + ("" if req.cost_probe else
-                                                         " (cost probe off)"),
+      (f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
+       f"estimated {r['est_seconds']:.3f}s per call" if req.cost_probe else
+       f"cost probe off: no compiler flops / time (model flops {r['model_flops']:.3e})"),
       _last_line(r),
   ]
   return "\n".join(lines)

@@ -29,7 +29,8 @@ def parse_mesh_spec(spec: MeshSpec) -> dict[str, int]:
     items = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
       if "=" not in part:
-        raise ValueError(f"mesh spec part {part!r} is not axis=size; e.g. 'data=1,fsdp=-1,tensor=1'")
+        raise ValueError(f"mesh spec part {part!r} is not axis=size; "
+                         "e.g. 'data=1,fsdp=-1,tensor=1'")
       name, size = part.split("=", 1)
       try:
         items[name.strip()] = int(size)

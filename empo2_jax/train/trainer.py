@@ -12,6 +12,8 @@ import dataclasses
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from typing import Optional
 
@@ -25,6 +27,7 @@ from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import update as update_lib
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.train import build
+from empo2_jax.train import checkpoint as ckpt_lib
 from empo2_jax.train.metrics import MetricsWriter
 
 log = logging.getLogger("empo2_jax")
@@ -91,9 +94,49 @@ class Trainer:
     self.rng = jax.random.PRNGKey(c.seed)
     self.iteration = 0
     self.row_cursor = 0
+    self.progress = progress
     self.metrics = MetricsWriter(workdir, total=c.train.iterations, progress=progress)
+    # Checkpoints (train/checkpoint.py): every checkpoint_every iterations (0: never), at the end,
+    # and after the iteration in progress when SIGTERM (a preemption notice) arrives.
+    self.checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                              keep=c.train.keep_checkpoints)
+    self.episode_log = None
+    if c.train.save_episodes:
+      from empo2_jax.data.trajectories import EpisodeLog
+      self.episode_log = EpisodeLog(os.path.join(workdir, "episodes"))
+    self.preempted = False
+    self._sigterm = False
+    self._old_sigterm = None
+    if threading.current_thread() is threading.main_thread():
+      self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
 
   # ------------------------------------------------------------------------------------------
+  def set_memory_store(self, store) -> None:
+    """Swap in a restored memory; the index is rebuilt (its caches belong to the old store)."""
+    from empo2_jax.memory.index import MemoryIndex
+    self.memory.store = store
+    self.memory.index = MemoryIndex(store, self.memory.index.cfg)
+
+  def resume(self) -> Optional[int]:
+    """Continue from the newest restorable checkpoint in the workdir; its step, or None."""
+    self.metrics.close()            # metrics.jsonl is rewritten to the checkpoint's records
+    try:
+      step = ckpt_lib.restore_trainer(self.checkpointer, self)
+    finally:
+      self.metrics = MetricsWriter(self.workdir, total=self.config.train.iterations,
+                                   start=self.iteration, progress=self.progress)
+    if step is not None and self.episode_log is not None:
+      self.episode_log.drop_after(step)
+    return step
+
+  def save_checkpoint(self, wait: bool = False) -> int:
+    return ckpt_lib.save_trainer(self.checkpointer, self, wait=wait)
+
+  def _on_sigterm(self, signum, frame) -> None:
+    del signum, frame
+    log.warning("SIGTERM: checkpointing after iteration %d, then exiting", self.iteration + 1)
+    self._sigterm = True
+
   def _rows_for_iteration(self) -> list[int]:
     """rows_per_iter train rows, walking a per-epoch permutation of the training rows."""
     n, out = len(self.train_rows), []
@@ -196,6 +239,7 @@ class Trainer:
     c = self.config
     total = c.train.iterations if iterations is None else iterations
     history = []
+    every_ckpt = c.train.checkpoint_every
     try:
       while self.iteration < total:
         t0 = time.perf_counter()
@@ -209,12 +253,25 @@ class Trainer:
             m.update(self.evaluate(True))
         m["time/iteration"] = time.perf_counter() - t0
         self.metrics.write(self.iteration, m)
+        if self.episode_log is not None:
+          self.episode_log.write(self.iteration, self.last_episodes)
         history.append(m)
+        if self._sigterm or last or (every_ckpt and self.iteration % every_ckpt == 0):
+          self.save_checkpoint(wait=self._sigterm)
+        if self._sigterm:
+          self.preempted = True
+          break
+      if self.episode_log is not None and not self.preempted:
+        self.episode_log.build_dataset()
     finally:
       self.close()
     return history
 
   def close(self) -> None:
+    self.checkpointer.close()       # waits for an async save in flight
+    if self._old_sigterm is not None:
+      signal.signal(signal.SIGTERM, self._old_sigterm)
+      self._old_sigterm = None
     self.metrics.close()
     self.pool.close()
 

@@ -1,0 +1,225 @@
+"""Preemption-safe training checkpoints with orbax (SPEC §1's loop state, nothing less).
+
+    ckpt = Checkpointer(workdir + "/checkpoints", keep=3)
+    step = restore_trainer(ckpt, trainer)        # None: nothing to resume, start from scratch
+    save_trainer(ckpt, trainer)                  # step = trainer.iteration (completed iterations)
+    ckpt.close()                                 # waits for the async save in flight
+
+One checkpoint step holds three orbax items:
+  state   params, optimizer state and optimizer step (rl.update.TrainState) and the base RNG key
+  memory  the tip memory (MemoryStore.state_dict() as one npz blob: orbax cannot save the empty
+          arrays of an empty memory)
+  meta    JSON: iteration, env-row cursor, the config, the metrics records up to this iteration
+Per-iteration keys are fold_in(rng, iteration) and rows come from the cursor, so these few numbers
+are the whole loop state; the reference policy (KL) is rebuilt from the config like the first time.
+
+Saves are async (the device->host copy blocks, the writes do not). orbax writes a step into a
+temporary directory and renames it when complete (GCS: a commit marker), so a process killed mid-save
+leaves no step that looks complete. A step that looks complete but does not restore (truncated or
+deleted files) is moved aside to `corrupt-<step>-<time>` with a warning naming it, and the step before
+is tried. Paths go through etils.epath, so a gs:// workdir works like a local one.
+
+Exact resume (tests/test_checkpoint_resume.py): everything random is keyed by (seed, iteration) or
+restored above; the memory index is rebuilt from the restored store (exact search, which every slot
+up to RetrievalConfig.exact_max entries uses, depends only on the store; a ScaNN searcher of a larger
+slot is rebuilt at a different moment than in the uninterrupted run, so its approximate answers may
+differ). ScienceWorld lists objects in identity-hash order, which depends on what the JVM did before;
+configs/base.py starts the JVMs with -XX:hashCode=2 so a fresh JVM shows the same observations.
+Not restored: TensorBoard events past the checkpoint (the viewer shows the rewritten steps twice).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+from empo2_jax.memory.store import MemoryStore
+
+log = logging.getLogger("empo2_jax")
+FORMAT_VERSION = 1
+STATE, MEMORY, META = "state", "memory", "meta"
+METRICS_FILE = "metrics.jsonl"
+
+
+# -- memory <-> one uint8 array --------------------------------------------------------------------
+def memory_to_blob(store: MemoryStore) -> np.ndarray:
+  buf = io.BytesIO()
+  np.savez(buf, **store.state_dict())
+  return np.frombuffer(buf.getvalue(), np.uint8).copy()
+
+
+def memory_from_blob(blob) -> MemoryStore:
+  with np.load(io.BytesIO(np.asarray(blob, np.uint8).tobytes())) as z:
+    return MemoryStore.from_state_dict({k: z[k] for k in z.files})
+
+
+# -- metrics.jsonl (the record of iterations before the restored step) -----------------------------
+def read_records(workdir, upto: Optional[int] = None) -> list[dict]:
+  path = epath.Path(workdir) / METRICS_FILE
+  if not path.exists():
+    return []
+  out = []
+  for line in path.read_text().splitlines():
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+    except json.JSONDecodeError:      # a line cut by the kill: later iterations are re-run
+      break
+    if upto is None or rec.get("iteration", 0) <= upto:
+      out.append(rec)
+  return out
+
+
+def rewrite_records(workdir, records: list[dict]) -> None:
+  """metrics.jsonl := exactly `records` (the lines past the restored iteration are dropped)."""
+  path = epath.Path(workdir) / METRICS_FILE
+  tmp = path.parent / f".{METRICS_FILE}.tmp"
+  tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
+  tmp.replace(path)
+
+
+# -- the checkpointer ---------------------------------------------------------------------------------
+class Checkpointer:
+  """An orbax CheckpointManager over `directory` with the fallback restore described above."""
+
+  def __init__(self, directory, keep: int = 3, async_save: bool = True):
+    if keep < 1:
+      raise ValueError(f"train.keep_checkpoints must be >= 1, got {keep}")
+    self.directory = epath.Path(directory)
+    self.keep, self.async_save = int(keep), bool(async_save)
+    self._mgr: Optional[ocp.CheckpointManager] = None
+
+  @property
+  def manager(self) -> ocp.CheckpointManager:
+    if self._mgr is None:
+      self._mgr = ocp.CheckpointManager(
+          self.directory, item_names=(STATE, MEMORY, META),
+          options=ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
+                                               cleanup_tmp_directories=True,
+                                               enable_async_checkpointing=self.async_save))
+    return self._mgr
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def save(self, step: int, state: Any, memory_blob: np.ndarray, meta: dict, *,
+           wait: bool = False) -> None:
+    self.manager.save(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardSave(state), MEMORY: ocp.args.StandardSave({"npz": memory_blob}),
+        META: ocp.args.JsonSave(meta)}), force=True)
+    if wait:
+      self.wait()
+
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, np.ndarray, dict]:
+    out = self.manager.restore(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardRestore(abstract_state), MEMORY: ocp.args.StandardRestore(),
+        META: ocp.args.JsonRestore()}))
+    return out[STATE], np.asarray(out[MEMORY]["npz"], np.uint8), out[META]
+
+  def restore_latest(self, abstract_state: Any, check=None):
+    """(step, state, memory blob, meta) of the newest step that restores (and passes `check`),
+    or None when there are no steps. Steps that fail are moved aside with a warning."""
+    steps = self.steps()
+    if not steps:
+      return None
+    errors = []
+    for step in reversed(steps):
+      try:
+        state, blob, meta = self.restore(step, abstract_state)
+        if meta.get("format") != FORMAT_VERSION:
+          raise ValueError(f"format {meta.get('format')}, this code reads {FORMAT_VERSION}")
+        if check is not None:
+          check(state, blob, meta)
+        return step, state, blob, meta
+      except Exception as e:  # noqa: BLE001 - any failure to read a step means "try the previous"
+        path = self.directory / str(step)
+        errors.append(f"{path}: {type(e).__name__}: {e}")
+        moved = self._quarantine(step)
+        log.warning("checkpoint %s cannot be restored (%s: %s); moved it to %s and trying the "
+                    "step before", path, type(e).__name__, str(e)[:300], moved)
+    raise RuntimeError("no checkpoint under %s could be restored:\n  %s\nmove the directory "
+                       "away to start from scratch" % (self.directory, "\n  ".join(errors)))
+
+  def _quarantine(self, step: int) -> epath.Path:
+    src = self.directory / str(step)
+    dst = self.directory / f"corrupt-{step}-{int(time.time())}"
+    self.close()                     # the manager caches its step list; reopen after the move
+    src.rename(dst)
+    return dst
+
+  def wait(self) -> None:
+    if self._mgr is not None:
+      self._mgr.wait_until_finished()
+
+  def close(self) -> None:
+    if self._mgr is not None:
+      self._mgr.wait_until_finished()
+      self._mgr.close()
+      self._mgr = None
+
+
+# -- the trainer's state ------------------------------------------------------------------------------
+def _flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
+
+
+def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
+  """Checkpoint `trainer` after its last completed iteration; returns the step (= iteration)."""
+  step = int(trainer.iteration)
+  meta = {"format": FORMAT_VERSION, "iteration": step, "row_cursor": int(trainer.row_cursor),
+          "config": json.loads(trainer.config.to_json()), "saved_at": time.time(),
+          "metrics": read_records(trainer.workdir, upto=step)}
+  state = {"train": trainer.state, "rng": trainer.rng}
+  ckpt.save(step, state, memory_to_blob(trainer.memory.store), meta, wait=wait)
+  return step
+
+
+def restore_trainer(ckpt: Checkpointer, trainer) -> Optional[int]:
+  """Load the newest restorable checkpoint into `trainer`; returns its step or None (none there).
+
+  Also rewrites metrics.jsonl to the checkpoint's records, so lines written after it (by the run
+  that was killed) are dropped and the resumed iterations are written once."""
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"train": trainer.state,
+                                                            "rng": trainer.rng})
+  stores = {}
+
+  def check(state, blob, meta):
+    del state
+    stores["memory"] = memory_from_blob(blob)            # a corrupt blob fails here, not later
+    for k in ("iteration", "row_cursor"):
+      if not isinstance(meta.get(k), int):
+        raise ValueError(f"meta has no integer {k!r}")
+
+  found = ckpt.restore_latest(abstract, check=check)
+  if found is None:
+    return None
+  step, state, _, meta = found
+  trainer.state, trainer.rng = state["train"], state["rng"]
+  trainer.iteration, trainer.row_cursor = int(meta["iteration"]), int(meta["row_cursor"])
+  trainer.set_memory_store(stores["memory"])
+  rewrite_records(trainer.workdir, meta.get("metrics", []))
+  now, then = _flatten(json.loads(trainer.config.to_json())), _flatten(meta.get("config", {}))
+  changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+  if changed:
+    log.warning("resuming from %s with a different config in %s (checkpoint -> now): %s",
+                ckpt.directory / str(step), len(changed),
+                ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed))
+  log.info("resumed from %s: iteration %d, row cursor %d, %d memories", ckpt.directory / str(step),
+           trainer.iteration, trainer.row_cursor, len(trainer.memory.store))
+  return step
+
+
+__all__ = ["Checkpointer", "save_trainer", "restore_trainer", "memory_to_blob",
+           "memory_from_blob", "read_records", "rewrite_records"]

@@ -1,0 +1,160 @@
+"""PNG plots from runs' metrics.jsonl: return and success per iteration (one line per run on one
+axis, as the paper's Figures 1a/9/10), policy entropy, and the time per phase (Figure 12's bars).
+
+  python launch/plot.py --workdirs=runs/empo2,runs/grpo --out=runs/plots
+  python launch/plot.py --workdirs=runs/pq --out=runs/pq/plots      # a sweep root: all its runs
+
+Writes returns.png, entropy.png, time_per_phase.png and comparison.png (all four panels) into --out.
+A workdir without metrics.jsonl but with subdirectories that have one stands for those runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+METRICS = "metrics.jsonl"
+PHASE_SKIP = ("time/iteration",)      # the total, not a phase
+
+
+def read_run(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, METRICS), encoding="utf-8") as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  last = {}
+  for r in records:                    # a resumed run may repeat an iteration: keep the last
+    last[int(r["iteration"])] = r
+  return [last[k] for k in sorted(last)]
+
+
+def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
+  runs = {}
+  for w in workdirs:
+    w = w.rstrip("/")
+    if os.path.exists(os.path.join(w, METRICS)):
+      runs[os.path.basename(w)] = read_run(w)
+      continue
+    subs = sorted(d for d in os.listdir(w) if os.path.exists(os.path.join(w, d, METRICS))) \
+        if os.path.isdir(w) else []
+    if not subs:
+      raise SystemExit(f"error: {w} has no {METRICS} and no run directories with one")
+    for d in subs:
+      runs[d] = read_run(os.path.join(w, d))
+  return runs
+
+
+def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+  pts = [(r["iteration"], r[key]) for r in records
+         if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+  if not pts:
+    return np.zeros(0), np.zeros(0)
+  x, y = zip(*pts)
+  return np.asarray(x, float), np.asarray(y, float)
+
+
+def smooth(y: np.ndarray, window: int) -> np.ndarray:
+  if window <= 1 or len(y) < 2:
+    return y
+  out = np.empty_like(y)
+  for i in range(len(y)):
+    out[i] = y[max(0, i - window + 1):i + 1].mean()
+  return out
+
+
+def plot_lines(ax, runs, key, title, window, eval_key=None):
+  drawn = False
+  for i, (name, recs) in enumerate(runs.items()):
+    color = f"C{i % 10}"
+    x, y = series(recs, key)
+    if len(x):
+      ax.plot(x, smooth(y, window), color=color, label=name, lw=1.6)
+      drawn = True
+    if eval_key:
+      x, y = series(recs, eval_key)
+      if len(x):
+        ax.plot(x, y, color=color, ls="--", marker="o", ms=3, lw=1, label=f"{name} (eval)")
+        drawn = True
+  ax.set_title(title)
+  ax.set_xlabel("iteration")
+  ax.grid(alpha=0.3)
+  if drawn:
+    ax.legend(fontsize=7)
+  else:
+    ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", va="center",
+            transform=ax.transAxes)
+
+
+def phase_means(recs: list[dict]) -> dict[str, float]:
+  keys = sorted({k for r in recs for k in r if k.startswith("time/") and k not in PHASE_SKIP})
+  return {k: float(np.mean([r[k] for r in recs if isinstance(r.get(k), (int, float))]))
+          for k in keys}
+
+
+def plot_phases(ax, runs):
+  phases = {name: phase_means(recs) for name, recs in runs.items()}
+  keys = sorted({k for p in phases.values() for k in p})
+  names = list(runs)
+  bottom = np.zeros(len(names))
+  for j, k in enumerate(keys):
+    vals = np.array([phases[n].get(k, 0.0) for n in names])
+    ax.bar(names, vals, bottom=bottom, label=k[len("time/"):], color=f"C{j % 10}")
+    bottom += vals
+  ax.set_title("time per iteration by phase (mean)")
+  ax.set_ylabel("seconds")
+  ax.tick_params(axis="x", labelrotation=20, labelsize=7)
+  if keys:
+    ax.legend(fontsize=7)
+
+
+def make_plots(runs: dict, out: str, window: int = 1, dpi: int = 100) -> list[str]:
+  os.makedirs(out, exist_ok=True)
+  paths = []
+
+  def save(fig, name):
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    paths.append(path)
+
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  plot_lines(axes[0], runs, "return_mean", "return (training rollouts)", window,
+             eval_key="eval/return_mean")
+  plot_lines(axes[1], runs, "success", "success rate", window, eval_key="eval/success")
+  save(fig, "returns.png")
+  fig, ax = plt.subplots(figsize=(6, 4))
+  plot_lines(ax, runs, "loss/entropy", "policy entropy", window)
+  save(fig, "entropy.png")
+  fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(runs)), 4))
+  plot_phases(ax, runs)
+  save(fig, "time_per_phase.png")
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+  plot_lines(axes[0, 0], runs, "return_mean", "return", window, eval_key="eval/return_mean")
+  plot_lines(axes[0, 1], runs, "success", "success rate", window, eval_key="eval/success")
+  plot_lines(axes[1, 0], runs, "loss/entropy", "policy entropy", window)
+  plot_phases(axes[1, 1], runs)
+  save(fig, "comparison.png")
+  return paths
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--workdirs", required=True, help="comma-separated run workdirs or sweep roots")
+  p.add_argument("--out", required=True, help="directory for the PNG files")
+  p.add_argument("--smooth", type=int, default=1, help="moving-average window (iterations)")
+  p.add_argument("--dpi", type=int, default=100)
+  args = p.parse_args(argv)
+  runs = find_runs([w for w in args.workdirs.split(",") if w])
+  for path in make_plots(runs, args.out, args.smooth, args.dpi):
+    print(path)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,129 @@
+"""Expand a sweep (configs/sweeps.py) into runs of launch/train.py, each with its own workdir.
+
+  python launch/sweep.py --config=configs/sciworld.py:cpu --sweep=configs/sweeps.py:pq \
+      --workdir=runs/pq --print_commands        # one command per run (a cluster's job list)
+  python launch/sweep.py --config=... --sweep=configs/sweeps.py:methods --workdir=runs/m
+                                                # run them one after another, here
+  python launch/sweep.py ... --dry_run          # the expanded runs as JSON, nothing started
+
+Arguments this script does not know (e.g. --config.train.iterations=20, --no_progress) are passed
+to every run. Rerunning a sweep resumes each run from its newest checkpoint (launch/train.py).
+<workdir>/sweep.json lists the runs; `python launch/plot.py --workdirs=<workdir>` compares them.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "launch", "train.py")
+
+
+def load_module(path: str):
+  spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+  spec.loader.exec_module(module)
+  return module
+
+
+def _split(arg: str) -> tuple[str, str | None]:
+  path, _, rest = arg.partition(":")
+  return path, (rest if rest else None)
+
+
+def _fmt(v) -> str:
+  return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def run_name(overrides: dict) -> str:
+  if "name" in overrides:
+    return str(overrides["name"])
+  parts = [f"{k.split('.')[-1]}={_fmt(v)}" for k, v in overrides.items()]
+  return ",".join(parts) or "base"
+
+
+def check_overrides(config, overrides: dict, where: str) -> None:
+  """Fail early, naming the valid keys, when a sweep sets a field the config lacks or mistypes."""
+  config = config.copy_and_resolve_references()
+  config.unlock()     # only to test the assignment; the train run gets a locked config
+  for key, value in overrides.items():
+    if key == "name":
+      continue
+    node, parts = config, key.split(".")
+    for i, part in enumerate(parts):
+      keys = list(node.keys()) if hasattr(node, "keys") else []
+      if part not in keys:
+        raise SystemExit(f"error: sweep {where} sets {key!r}: config.{'.'.join(parts[:i]) or ''} "
+                         f"has no field {part!r}; valid keys: {', '.join(sorted(keys))}")
+      if i < len(parts) - 1:
+        node = node[part]
+    try:
+      setattr(node, parts[-1], value)
+    except (TypeError, ValueError) as e:
+      raise SystemExit(f"error: sweep {where} sets {key}={value!r}: {e}") from e
+
+
+def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> list[dict]:
+  """[{name, overrides, workdir, command}] for every run of the sweep."""
+  cfg_path, cfg_variant = _split(config_arg)
+  sweep_path, sweep_name = _split(sweep_arg)
+  if sweep_name is None:
+    raise SystemExit(f"error: --sweep={sweep_arg!r} names no sweep; use path:name")
+  base = load_module(cfg_path)
+  config = base.get_config(cfg_variant) if cfg_variant is not None else base.get_config()
+  runs = load_module(sweep_path).get_sweep(sweep_name)
+  out, seen = [], set()
+  for i, overrides in enumerate(runs):
+    check_overrides(config, overrides, f"{sweep_name}[{i}]")
+    name = run_name(overrides)
+    if name in seen:
+      raise SystemExit(f"error: sweep {sweep_name} has two runs named {name!r}")
+    seen.add(name)
+    run_dir = os.path.join(workdir, name)
+    cmd = [sys.executable, TRAIN, f"--config={config_arg}", f"--workdir={run_dir}"]
+    cmd += [f"--config.{k}={v}" for k, v in overrides.items() if k != "name"] + list(extra)
+    out.append({"name": name, "overrides": {k: v for k, v in overrides.items() if k != "name"},
+                "workdir": run_dir, "command": cmd})
+  return out
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--config", required=True, help="config file[:variant], as for launch/train.py")
+  p.add_argument("--sweep", required=True, help="sweep file:name, e.g. configs/sweeps.py:pq")
+  p.add_argument("--workdir", required=True, help="root; each run goes to <workdir>/<run name>")
+  p.add_argument("--print_commands", action="store_true", help="print one command per run")
+  p.add_argument("--dry_run", action="store_true", help="print the expanded runs as JSON")
+  args, extra = p.parse_known_args(argv)
+  runs = expand(args.config, args.sweep, args.workdir, extra)
+  if args.dry_run:
+    print(json.dumps(runs, indent=1))
+    return 0
+  if args.print_commands:
+    for r in runs:
+      print(shlex.join(r["command"]))
+    return 0
+  os.makedirs(args.workdir, exist_ok=True)
+  with open(os.path.join(args.workdir, "sweep.json"), "w", encoding="utf-8") as f:
+    json.dump(runs, f, indent=1)
+  failed = []
+  for i, r in enumerate(runs):
+    print(f"[{i + 1}/{len(runs)}] {r['name']}: {shlex.join(r['command'])}", flush=True)
+    if subprocess.run(r["command"], check=False).returncode != 0:
+      failed.append(r["name"])
+  if failed:
+    print(f"failed runs: {', '.join(failed)}", file=sys.stderr)
+    return 1
+  print(f"done: {len(runs)} runs under {args.workdir}; "
+        f"plot: python launch/plot.py --workdirs={args.workdir} --out={args.workdir}/plots")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
