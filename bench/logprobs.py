@@ -18,66 +18,66 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def free_bytes():
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError):
+    return 0
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--time", type=int, default=4096)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--chunk", type=int, default=8192)
-    ap.add_argument("--iters", type=int, default=2)
-    args = ap.parse_args()
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--vocab", type=int, default=151936)
+  ap.add_argument("--time", type=int, default=4096)
+  ap.add_argument("--hidden", type=int, default=128)
+  ap.add_argument("--chunk", type=int, default=8192)
+  ap.add_argument("--iters", type=int, default=2)
+  args = ap.parse_args()
 
-    import jax
-    import jax.numpy as jnp
+  import jax
+  import jax.numpy as jnp
 
-    from empo2_jax.rl.logprobs import naive_token_logprobs, token_logprobs
+  from empo2_jax.rl.logprobs import naive_token_logprobs, token_logprobs
 
-    rng = np.random.default_rng(0)
-    h = jnp.asarray(rng.normal(0, 1, (1, args.time, args.hidden)), jnp.float32)
-    w = jnp.asarray(rng.normal(0, 0.05, (args.hidden, args.vocab)), jnp.float32)
-    t = jnp.asarray(rng.integers(0, args.vocab, (1, args.time)), jnp.int32)
+  rng = np.random.default_rng(0)
+  h = jnp.asarray(rng.normal(0, 1, (1, args.time, args.hidden)), jnp.float32)
+  w = jnp.asarray(rng.normal(0, 0.05, (args.hidden, args.vocab)), jnp.float32)
+  t = jnp.asarray(rng.integers(0, args.vocab, (1, args.time)), jnp.int32)
 
-    def objective(fn):
-        def f(h, w):
-            lp, ent = fn(h, w, t, with_entropy=True)
-            return jnp.sum(lp) + jnp.sum(ent)
-        return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
+  def objective(fn):
+    def f(h, w):
+      lp, ent = fn(h, w, t, with_entropy=True)
+      return jnp.sum(lp) + jnp.sum(ent)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
 
-    kernels = {
-        "chunked": objective(lambda *a, **k: token_logprobs(*a, chunk_size=args.chunk, **k)),
-        "naive": objective(naive_token_logprobs),
-    }
-    temp, secs, values = {}, {}, {}
-    for name, f in kernels.items():
-        compiled = f.lower(h, w).compile()
-        temp[name] = compiled.memory_analysis().temp_size_in_bytes / 2**20
-        if name == "naive" and temp[name] * 2**20 > 0.5 * free_bytes():
-            print(f"{name}: temp {temp[name]:.0f} MiB does not fit half the free memory; not run")
-            secs[name] = float("nan")
-            continue
-        values[name] = jax.block_until_ready(compiled(h, w))
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            jax.block_until_ready(compiled(h, w))
-        secs[name] = (time.perf_counter() - t0) / args.iters
-        print(f"{name}: temp {temp[name]:.1f} MiB, fwd+bwd {secs[name]:.3f} s")
-    if len(values) == 2:
-        (vc, (ghc, gwc)), (vn, (ghn, gwn)) = values["chunked"], values["naive"]
-        err = max(float(jnp.max(jnp.abs(ghc - ghn))), float(jnp.max(jnp.abs(gwc - gwn))))
-        print(f"value rel diff {abs(float(vc) - float(vn)) / abs(float(vn)):.2e}, "
-              f"max grad abs diff {err:.2e}")
-    print(f"vocab={args.vocab} time={args.time} hidden={args.hidden} chunk={args.chunk} float32 "
-          f"device={jax.devices()[0].platform} time_s chunked={secs['chunked']:.3f} "
-          f"naive={secs['naive']:.3f}")
-    print(f"logprobs temp_mib chunked={temp['chunked']:.1f} naive={temp['naive']:.1f} "
-          f"ratio={temp['naive'] / temp['chunked']:.1f}")
+  kernels = {
+      "chunked": objective(lambda *a, **k: token_logprobs(*a, chunk_size=args.chunk, **k)),
+      "naive": objective(naive_token_logprobs),
+  }
+  temp, secs, values = {}, {}, {}
+  for name, f in kernels.items():
+    compiled = f.lower(h, w).compile()
+    temp[name] = compiled.memory_analysis().temp_size_in_bytes / 2**20
+    if name == "naive" and temp[name] * 2**20 > 0.5 * free_bytes():
+      print(f"{name}: temp {temp[name]:.0f} MiB does not fit half the free memory; not run")
+      secs[name] = float("nan")
+      continue
+    values[name] = jax.block_until_ready(compiled(h, w))
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+      jax.block_until_ready(compiled(h, w))
+    secs[name] = (time.perf_counter() - t0) / args.iters
+    print(f"{name}: temp {temp[name]:.1f} MiB, fwd+bwd {secs[name]:.3f} s")
+  if len(values) == 2:
+    (vc, (ghc, gwc)), (vn, (ghn, gwn)) = values["chunked"], values["naive"]
+    err = max(float(jnp.max(jnp.abs(ghc - ghn))), float(jnp.max(jnp.abs(gwc - gwn))))
+    print(f"value rel diff {abs(float(vc) - float(vn)) / abs(float(vn)):.2e}, "
+          f"max grad abs diff {err:.2e}")
+  print(f"vocab={args.vocab} time={args.time} hidden={args.hidden} chunk={args.chunk} float32 "
+        f"device={jax.devices()[0].platform} time_s chunked={secs['chunked']:.3f} "
+        f"naive={secs['naive']:.3f}")
+  print(f"logprobs temp_mib chunked={temp['chunked']:.1f} naive={temp['naive']:.1f} "
+        f"ratio={temp['naive'] / temp['chunked']:.1f}")
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -23,103 +23,103 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def make_batch(rows, prompt, response, vocab):
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, vocab, (rows, prompt + response)).astype(np.int32)
-    attn = np.ones_like(tokens)
-    return {"cur_tokens": tokens, "cur_attn": attn, "old_tokens": tokens, "old_attn": attn,
-            "response_mask": np.ones((rows, response), np.float32),
-            "sampler_logp": np.full((rows, response), -12.0, np.float32),
-            "advantages": rng.normal(0, 1, rows).astype(np.float32),
-            "sample_index": np.arange(rows, dtype=np.int32)}
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, vocab, (rows, prompt + response)).astype(np.int32)
+  attn = np.ones_like(tokens)
+  return {"cur_tokens": tokens, "cur_attn": attn, "old_tokens": tokens, "old_attn": attn,
+          "response_mask": np.ones((rows, response), np.float32),
+          "sampler_logp": np.full((rows, response), -12.0, np.float32),
+          "advantages": rng.normal(0, 1, rows).astype(np.float32),
+          "sample_index": np.arange(rows, dtype=np.int32)}
 
 
 def time_ours(path, batch, iters):
-    import jax
-    import jax.numpy as jnp
+  import jax
+  import jax.numpy as jnp
 
-    from empo2_jax.model import hf
-    from empo2_jax.rl.losses import LossConfig
-    from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
+  from empo2_jax.model import hf
+  from empo2_jax.rl.losses import LossConfig
+  from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
 
-    config, params = hf.load_checkpoint(path)
-    rows = batch["advantages"].shape[0]
-    cfg = UpdateConfig(learning_rate=1e-6, micro_rows=rows,
-                       loss=LossConfig(low_prob_mask=False))  # random model: every token is rare
-    opt = make_optimizer(cfg)
-    state = init_train_state(jax.device_put(params), opt)
-    batch = jax.tree.map(jnp.asarray, batch)
-    update = make_update_fn(config, cfg, opt)
-    state, _ = update(state, batch)  # compile
+  config, params = hf.load_checkpoint(path)
+  rows = batch["advantages"].shape[0]
+  cfg = UpdateConfig(learning_rate=1e-6, micro_rows=rows,
+                     loss=LossConfig(low_prob_mask=False))  # random model: every token is rare
+  opt = make_optimizer(cfg)
+  state = init_train_state(jax.device_put(params), opt)
+  batch = jax.tree.map(jnp.asarray, batch)
+  update = make_update_fn(config, cfg, opt)
+  state, _ = update(state, batch)  # compile
+  jax.block_until_ready(state)
+  t0 = time.perf_counter()
+  for _ in range(iters):
+    state, met = update(state, batch)
     jax.block_until_ready(state)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        state, met = update(state, batch)
-        jax.block_until_ready(state)
-    return (time.perf_counter() - t0) / iters, float(met["loss"])
+  return (time.perf_counter() - t0) / iters, float(met["loss"])
 
 
 def time_torch(path, batch, iters):
-    import torch
-    from transformers import Qwen2ForCausalLM
+  import torch
+  from transformers import Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM.from_pretrained(path, torch_dtype=torch.float32).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
-    tokens = torch.tensor(batch["cur_tokens"], dtype=torch.long)
-    attn = torch.tensor(batch["cur_attn"], dtype=torch.long)
-    adv = torch.tensor(batch["advantages"])[:, None]
-    mask = torch.tensor(batch["response_mask"])
-    resp = mask.shape[1]
-    length = tokens.shape[1]
+  model = Qwen2ForCausalLM.from_pretrained(path, torch_dtype=torch.float32).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+  tokens = torch.tensor(batch["cur_tokens"], dtype=torch.long)
+  attn = torch.tensor(batch["cur_attn"], dtype=torch.long)
+  adv = torch.tensor(batch["advantages"])[:, None]
+  mask = torch.tensor(batch["response_mask"])
+  resp = mask.shape[1]
+  length = tokens.shape[1]
 
-    def step():
-        logits = model(input_ids=tokens, attention_mask=attn).logits  # [B, L, V]
-        logp = torch.log_softmax(logits[:, length - resp - 1:length - 1].float(), -1)
-        logp = logp.gather(-1, tokens[:, length - resp:, None])[..., 0]
-        ratio = torch.exp(logp - logp.detach())  # on-policy PPO ratio: value 1, gradient of logp
-        loss = -(adv * ratio * mask).sum() / mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return float(loss.detach())
+  def step():
+    logits = model(input_ids=tokens, attention_mask=attn).logits  # [B, L, V]
+    logp = torch.log_softmax(logits[:, length - resp - 1:length - 1].float(), -1)
+    logp = logp.gather(-1, tokens[:, length - resp:, None])[..., 0]
+    ratio = torch.exp(logp - logp.detach())  # on-policy PPO ratio: value 1, gradient of logp
+    loss = -(adv * ratio * mask).sum() / mask.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
 
-    step()  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        loss = step()
-    return (time.perf_counter() - t0) / iters, loss
+  step()  # warm-up
+  t0 = time.perf_counter()
+  for _ in range(iters):
+    loss = step()
+  return (time.perf_counter() - t0) / iters, loss
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--prompt", type=int, default=224)
-    ap.add_argument("--response", type=int, default=32)
-    ap.add_argument("--iters", type=int, default=2)
-    args = ap.parse_args()
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--batch", type=int, default=4)
+  ap.add_argument("--prompt", type=int, default=224)
+  ap.add_argument("--response", type=int, default=32)
+  ap.add_argument("--iters", type=int, default=2)
+  args = ap.parse_args()
 
-    import jax
-    import torch
+  import jax
+  import torch
 
-    from empo2_jax.model import configs, hf, qwen2
+  from empo2_jax.model import configs, hf, qwen2
 
-    config = configs.get_preset("0.5b", num_layers=args.layers)
-    path = tempfile.mkdtemp(prefix="bench_train_")
-    hf.save_checkpoint(path, config, qwen2.init_params(config, jax.random.PRNGKey(0)))
-    batch = make_batch(args.batch, args.prompt, args.response, 151643)
-    n_tok = batch["cur_tokens"].size
+  config = configs.get_preset("0.5b", num_layers=args.layers)
+  path = tempfile.mkdtemp(prefix="bench_train_")
+  hf.save_checkpoint(path, config, qwen2.init_params(config, jax.random.PRNGKey(0)))
+  batch = make_batch(args.batch, args.prompt, args.response, 151643)
+  n_tok = batch["cur_tokens"].size
 
-    ours_s, ours_loss = time_ours(path, batch, args.iters)
-    torch_s, torch_loss = time_torch(path, batch, args.iters)
-    print(f"model=0.5b-shape layers={args.layers} batch={args.batch} length="
-          f"{args.prompt + args.response} (response {args.response}) fp32 "
-          f"device={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}")
-    print(f"step_s ours={ours_s:.3f} torch={torch_s:.3f}  last loss ours={ours_loss:.4f} "
-          f"torch={torch_loss:.4f}")
-    print(f"train_step tokens_per_s ours={n_tok / ours_s:.1f} torch={n_tok / torch_s:.1f} "
-          f"ratio={torch_s / ours_s:.3f}")
+  ours_s, ours_loss = time_ours(path, batch, args.iters)
+  torch_s, torch_loss = time_torch(path, batch, args.iters)
+  print(f"model=0.5b-shape layers={args.layers} batch={args.batch} length="
+        f"{args.prompt + args.response} (response {args.response}) fp32 "
+        f"device={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}")
+  print(f"step_s ours={ours_s:.3f} torch={torch_s:.3f}  last loss ours={ours_loss:.4f} "
+        f"torch={torch_loss:.4f}")
+  print(f"train_step tokens_per_s ours={n_tok / ours_s:.1f} torch={n_tok / torch_s:.1f} "
+        f"ratio={torch_s / ours_s:.3f}")
 
 
 if __name__ == "__main__":
-    main()
+  main()

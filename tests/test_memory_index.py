@@ -119,7 +119,8 @@ def test_scann_path_upkeep_tail_eviction_and_rebuild():
     store = MemoryStore(max_per_slot=5000)
     key = ("find-animal", 3)
     fill(store, key, emb[:4000], scores[:4000])
-    idx = MemoryIndex(store, RetrievalConfig(exact_max=1000))
+    # trained on a 1500-row sample, the other rows upserted 1000 at a time
+    idx = MemoryIndex(store, RetrievalConfig(exact_max=1000, training_sample=1500, build_chunk=1000))
     q = clustered(300, seed=3)[::-1] + 0.3 * rng.normal(size=(300, 384)).astype(np.float32)
 
     def run():

@@ -6,103 +6,103 @@ from empo2_jax.rl import advantages as A
 
 
 def random_batch(seed, n_groups=3, n=4, max_len=5, n_obs=3):
-    """Flat per-turn arrays, shuffled so that no function may rely on order."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    rid = 0
-    for g in range(n_groups):
-        for _ in range(n):
-            length = int(rng.integers(1, max_len + 1))
-            rewards = rng.integers(-3, 4, length).astype(float) * 10
-            for t in range(length):
-                rows.append(dict(group=f"task{g}", rollout=rid, step=t,
-                                 obs=f"o{rng.integers(n_obs)}", ret=rewards.sum(),
-                                 rew=rewards[t], intr=rng.random() * 0.5))
-            rid += 1
-    perm = rng.permutation(len(rows))
-    rows = [rows[i] for i in perm]
-    return {k: np.array([r[k] for r in rows]) for k in rows[0]}
+  """Flat per-turn arrays, shuffled so that no function may rely on order."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  rid = 0
+  for g in range(n_groups):
+    for _ in range(n):
+      length = int(rng.integers(1, max_len + 1))
+      rewards = rng.integers(-3, 4, length).astype(float) * 10
+      for t in range(length):
+        rows.append(dict(group=f"task{g}", rollout=rid, step=t,
+                         obs=f"o{rng.integers(n_obs)}", ret=rewards.sum(),
+                         rew=rewards[t], intr=rng.random() * 0.5))
+      rid += 1
+  perm = rng.permutation(len(rows))
+  rows = [rows[i] for i in perm]
+  return {k: np.array([r[k] for r in rows]) for k in rows[0]}
 
 
 def ref_normalise(values, keys, use_std=True, ddof=1, eps=1e-6):
-    out = np.zeros(len(values))
-    for k in set(keys):
-        idx = [i for i in range(len(values)) if keys[i] == k]
-        v = np.array([values[i] for i in idx])
-        if len(v) == 1:
-            continue
-        a = v - v.mean()
-        if use_std:
-            a = a / (v.std(ddof=ddof) + eps)
-        out[idx] = a
-    return out
+  out = np.zeros(len(values))
+  for k in set(keys):
+    idx = [i for i in range(len(values)) if keys[i] == k]
+    v = np.array([values[i] for i in idx])
+    if len(v) == 1:
+      continue
+    a = v - v.mean()
+    if use_std:
+      a = a / (v.std(ddof=ddof) + eps)
+    out[idx] = a
+  return out
 
 
 def test_grpo_step_level():
-    b = random_batch(0)
-    got = A.grpo_step_advantages(b["group"], b["ret"], b["intr"])
-    want = ref_normalise(b["ret"] + b["intr"], list(b["group"]))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    got0 = A.grpo_step_advantages(b["group"], b["ret"], ddof=0)
-    np.testing.assert_allclose(got0, ref_normalise(b["ret"], list(b["group"]), ddof=0),
-                               rtol=1e-5, atol=1e-6)
+  b = random_batch(0)
+  got = A.grpo_step_advantages(b["group"], b["ret"], b["intr"])
+  want = ref_normalise(b["ret"] + b["intr"], list(b["group"]))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  got0 = A.grpo_step_advantages(b["group"], b["ret"], ddof=0)
+  np.testing.assert_allclose(got0, ref_normalise(b["ret"], list(b["group"]), ddof=0),
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_rollout_level():
-    b = random_batch(1)
-    got = A.rollout_advantages(b["group"], b["rollout"], b["rew"] + b["intr"])
-    # reference: per rollout sum, normalise over rollouts of a group, broadcast
-    rollouts = sorted(set(b["rollout"]))
-    score = {r: sum(b["rew"][i] + b["intr"][i] for i in range(len(b["rew"])) if b["rollout"][i] == r)
-             for r in rollouts}
-    group = {b["rollout"][i]: b["group"][i] for i in range(len(b["rew"]))}
-    per_roll = ref_normalise([score[r] for r in rollouts], [group[r] for r in rollouts])
-    want = np.array([per_roll[rollouts.index(r)] for r in b["rollout"]])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  b = random_batch(1)
+  got = A.rollout_advantages(b["group"], b["rollout"], b["rew"] + b["intr"])
+  # reference: per rollout sum, normalise over rollouts of a group, broadcast
+  rollouts = sorted(set(b["rollout"]))
+  score = {r: sum(b["rew"][i] + b["intr"][i] for i in range(len(b["rew"])) if b["rollout"][i] == r)
+           for r in rollouts}
+  group = {b["rollout"][i]: b["group"][i] for i in range(len(b["rew"]))}
+  per_roll = ref_normalise([score[r] for r in rollouts], [group[r] for r in rollouts])
+  want = np.array([per_roll[rollouts.index(r)] for r in b["rollout"]])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def ref_discounted(b, gamma):
-    out = np.zeros(len(b["rew"]))
-    for i in range(len(out)):
-        for j in range(len(out)):
-            if b["rollout"][j] == b["rollout"][i] and b["step"][j] >= b["step"][i]:
-                out[i] += gamma ** (b["step"][j] - b["step"][i]) * b["rew"][j]
-    return out
+  out = np.zeros(len(b["rew"]))
+  for i in range(len(out)):
+    for j in range(len(out)):
+      if b["rollout"][j] == b["rollout"][i] and b["step"][j] >= b["step"][i]:
+        out[i] += gamma ** (b["step"][j] - b["step"][i]) * b["rew"][j]
+  return out
 
 
 @pytest.mark.parametrize("use_std", [True, False])
 def test_gigpo(use_std):
-    b = random_batch(2)
-    got = A.gigpo_advantages(b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"],
-                             gamma=0.95, use_std=use_std)
-    rollouts = sorted(set(b["rollout"]))
-    ret = {b["rollout"][i]: b["ret"][i] for i in range(len(b["ret"]))}
-    group = {b["rollout"][i]: b["group"][i] for i in range(len(b["ret"]))}
-    ep = ref_normalise([ret[r] for r in rollouts], [group[r] for r in rollouts], use_std=use_std)
-    a_ep = np.array([ep[rollouts.index(r)] for r in b["rollout"]])
-    g = ref_discounted(b, 0.95)
-    anchors = [(b["group"][i], b["obs"][i]) for i in range(len(g))]
-    a_step = ref_normalise(g, anchors, use_std=use_std)
-    np.testing.assert_allclose(got, a_ep + a_step, rtol=1e-5, atol=1e-5)
-    # singleton anchor groups get 0 step advantage
-    counts = {k: anchors.count(k) for k in anchors}
-    assert any(c == 1 for c in counts.values()) and any(c > 1 for c in counts.values())
-    single = np.array([counts[k] == 1 for k in anchors])
-    np.testing.assert_allclose(got[single], a_ep[single], rtol=1e-5, atol=1e-6)
+  b = random_batch(2)
+  got = A.gigpo_advantages(b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"],
+                           gamma=0.95, use_std=use_std)
+  rollouts = sorted(set(b["rollout"]))
+  ret = {b["rollout"][i]: b["ret"][i] for i in range(len(b["ret"]))}
+  group = {b["rollout"][i]: b["group"][i] for i in range(len(b["ret"]))}
+  ep = ref_normalise([ret[r] for r in rollouts], [group[r] for r in rollouts], use_std=use_std)
+  a_ep = np.array([ep[rollouts.index(r)] for r in b["rollout"]])
+  g = ref_discounted(b, 0.95)
+  anchors = [(b["group"][i], b["obs"][i]) for i in range(len(g))]
+  a_step = ref_normalise(g, anchors, use_std=use_std)
+  np.testing.assert_allclose(got, a_ep + a_step, rtol=1e-5, atol=1e-5)
+  # singleton anchor groups get 0 step advantage
+  counts = {k: anchors.count(k) for k in anchors}
+  assert any(c == 1 for c in counts.values()) and any(c > 1 for c in counts.values())
+  single = np.array([counts[k] == 1 for k in anchors])
+  np.testing.assert_allclose(got[single], a_ep[single], rtol=1e-5, atol=1e-6)
 
 
 def test_discounted_returns():
-    b = random_batch(3)
-    np.testing.assert_allclose(A.discounted_returns(b["rollout"], b["step"], b["rew"], 0.9),
-                               ref_discounted(b, 0.9), rtol=1e-10)
+  b = random_batch(3)
+  np.testing.assert_allclose(A.discounted_returns(b["rollout"], b["step"], b["rew"], 0.9),
+                             ref_discounted(b, 0.9), rtol=1e-10)
 
 
 def test_equal_scores_and_singletons_give_zero():
-    groups = ["a"] * 4 + ["b"]
-    got = A.grpo_step_advantages(groups, [0.1] * 4 + [5.0])
-    assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
-    got = A.rollout_advantages(["a", "a", "a"], [0, 1, 1], [33.3, 20.0, 13.3])
-    assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
-    got = A.gigpo_advantages(["a"] * 3, [0, 1, 2], [0, 0, 0], ["x", "y", "z"], [7.0] * 3,
-                             [7.0] * 3)
-    assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
+  groups = ["a"] * 4 + ["b"]
+  got = A.grpo_step_advantages(groups, [0.1] * 4 + [5.0])
+  assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
+  got = A.rollout_advantages(["a", "a", "a"], [0, 1, 1], [33.3, 20.0, 13.3])
+  assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
+  got = A.gigpo_advantages(["a"] * 3, [0, 1, 2], [0, 0, 0], ["x", "y", "z"], [7.0] * 3,
+                           [7.0] * 3)
+  assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)

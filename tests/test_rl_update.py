@@ -22,133 +22,133 @@ B, P, R = 8, 10, 4
 
 
 def make_batch(seed, rows=B, vocab=512):
-    rng = np.random.default_rng(seed)
-    L = P + R
-    prompt_len = rng.integers(3, P + 1, rows)
-    resp_len = rng.integers(1, R + 1, rows)
-    resp_len[-1] = 0  # a padding row
+  rng = np.random.default_rng(seed)
+  L = P + R
+  prompt_len = rng.integers(3, P + 1, rows)
+  resp_len = rng.integers(1, R + 1, rows)
+  resp_len[-1] = 0  # a padding row
 
-    def view(seed2):
-        r2 = np.random.default_rng(seed2)
-        tok = np.zeros((rows, L), np.int32)
-        attn = np.zeros((rows, L), np.int32)
-        for b in range(rows):
-            tok[b, P - prompt_len[b]:P] = r2.integers(0, vocab, prompt_len[b])
-            attn[b, P - prompt_len[b]:P + resp_len[b]] = 1
-        return tok, attn
+  def view(seed2):
+    r2 = np.random.default_rng(seed2)
+    tok = np.zeros((rows, L), np.int32)
+    attn = np.zeros((rows, L), np.int32)
+    for b in range(rows):
+      tok[b, P - prompt_len[b]:P] = r2.integers(0, vocab, prompt_len[b])
+      attn[b, P - prompt_len[b]:P + resp_len[b]] = 1
+    return tok, attn
 
-    cur_tok, cur_attn = view(seed + 1)
-    old_tok, old_attn = view(seed + 2)  # a different prompt, as in the off-policy release variant
-    resp = rng.integers(0, vocab, (rows, R))
-    mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.float32)
-    for tok, attn in ((cur_tok, cur_attn), (old_tok, old_attn)):
-        tok[:, P:] = np.where(mask > 0, resp, 0)
-    return {"cur_tokens": cur_tok, "cur_attn": cur_attn, "old_tokens": old_tok,
-            "old_attn": old_attn, "response_mask": mask,
-            "sampler_logp": rng.normal(-6, 0.1, (rows, R)).astype(np.float32),
-            "advantages": rng.normal(0, 1, rows).astype(np.float32),
-            "sample_index": np.arange(rows, dtype=np.int32)}
+  cur_tok, cur_attn = view(seed + 1)
+  old_tok, old_attn = view(seed + 2)  # a different prompt, as in the off-policy release variant
+  resp = rng.integers(0, vocab, (rows, R))
+  mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.float32)
+  for tok, attn in ((cur_tok, cur_attn), (old_tok, old_attn)):
+    tok[:, P:] = np.where(mask > 0, resp, 0)
+  return {"cur_tokens": cur_tok, "cur_attn": cur_attn, "old_tokens": old_tok,
+          "old_attn": old_attn, "response_mask": mask,
+          "sampler_logp": rng.normal(-6, 0.1, (rows, R)).astype(np.float32),
+          "advantages": rng.normal(0, 1, rows).astype(np.float32),
+          "sample_index": np.arange(rows, dtype=np.int32)}
 
 
 @jax.jit
 def full_logp(params, tok, attn):
-    logits = qwen2.forward(params, MODEL, jnp.asarray(tok), jnp.asarray(attn))
-    lp = jax.nn.log_softmax(logits[:, P - 1:P + R - 1], -1)
-    return jnp.take_along_axis(lp, jnp.asarray(tok)[:, P:, None], -1)[..., 0]
+  logits = qwen2.forward(params, MODEL, jnp.asarray(tok), jnp.asarray(attn))
+  lp = jax.nn.log_softmax(logits[:, P - 1:P + R - 1], -1)
+  return jnp.take_along_axis(lp, jnp.asarray(tok)[:, P:, None], -1)[..., 0]
 
 
 def reference_update(params, batch, cfg, n_minibatches, opt):
-    """Full-logits forward, whole-mini-batch gradient, optax step per mini-batch."""
-    lc = cfg.loss
-    old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
-    mask = batch["response_mask"].copy()
-    min_old = np.where(mask > 0, old, np.inf).min(1)
-    mask[min_old < lc.low_prob_delta] = 0.0
-    opt_state = opt.init(params)
-    n_chunks = batch["advantages"].shape[0] // cfg.micro_rows
-    per_mb = n_chunks // n_minibatches
-    for k in range(n_minibatches):
-        rows = np.array([b for b in range(len(mask)) if (b % n_chunks) // per_mb == k])
+  """Full-logits forward, whole-mini-batch gradient, optax step per mini-batch."""
+  lc = cfg.loss
+  old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
+  mask = batch["response_mask"].copy()
+  min_old = np.where(mask > 0, old, np.inf).min(1)
+  mask[min_old < lc.low_prob_delta] = 0.0
+  opt_state = opt.init(params)
+  n_chunks = batch["advantages"].shape[0] // cfg.micro_rows
+  per_mb = n_chunks // n_minibatches
+  for k in range(n_minibatches):
+    rows = np.array([b for b in range(len(mask)) if (b % n_chunks) // per_mb == k])
 
-        def loss(p):
-            lp = full_logp(p, batch["cur_tokens"][rows], batch["cur_attn"][rows])
-            m = jnp.asarray(mask[rows]) > 0
-            a = jnp.asarray(batch["advantages"][rows])[:, None]
-            r = jnp.exp(jnp.where(m, lp - old[rows], 0.0))
-            tok = jnp.maximum(-a * r, -a * jnp.clip(r, 1 - lc.clip_eps_low, 1 + lc.clip_eps_high))
-            tok = jnp.where(a < 0, jnp.minimum(tok, -a * lc.dual_clip_c), tok)
-            return jnp.sum(jnp.where(m, tok, 0.0)) / jnp.maximum(m.sum(), 1)
+    def loss(p):
+      lp = full_logp(p, batch["cur_tokens"][rows], batch["cur_attn"][rows])
+      m = jnp.asarray(mask[rows]) > 0
+      a = jnp.asarray(batch["advantages"][rows])[:, None]
+      r = jnp.exp(jnp.where(m, lp - old[rows], 0.0))
+      tok = jnp.maximum(-a * r, -a * jnp.clip(r, 1 - lc.clip_eps_low, 1 + lc.clip_eps_high))
+      tok = jnp.where(a < 0, jnp.minimum(tok, -a * lc.dual_clip_c), tok)
+      return jnp.sum(jnp.where(m, tok, 0.0)) / jnp.maximum(m.sum(), 1)
 
-        g = jax.jit(jax.grad(loss))(params)
-        upd, opt_state = opt.update(g, opt_state, params)
-        params = optax.apply_updates(params, upd)
-    return params, old, mask
+    g = jax.jit(jax.grad(loss))(params)
+    upd, opt_state = opt.update(g, opt_state, params)
+    params = optax.apply_updates(params, upd)
+  return params, old, mask
 
 
 @pytest.mark.slow
 def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
-    """Two mini-batches of two micro-batches each (strided rows), low-prob mask on half the rows."""
-    params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))
-    batch = make_batch(0)
-    old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
-    min_old = np.where(batch["response_mask"] > 0, old, np.inf).min(1)
-    delta = float(np.median(min_old[np.isfinite(min_old)]))  # masks about half of the samples
-    cfg = UpdateConfig(learning_rate=1e-3, num_minibatches=n_minibatches, micro_rows=micro_rows,
-                       vocab_chunk=100, loss=LossConfig(low_prob_delta=delta))
-    # SGD: Adam's g / (|g| + eps) would amplify float-rounding differences of near-zero gradients
-    opt = optax.sgd(0.05)
-    want, _, want_mask = reference_update(params, batch, cfg, n_minibatches, opt)
-    masked = (batch["response_mask"].sum(1) > 0) & (want_mask.sum(1) == 0)
-    assert 0 < masked.sum() < 7
+  """Two mini-batches of two micro-batches each (strided rows), low-prob mask on half the rows."""
+  params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))
+  batch = make_batch(0)
+  old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
+  min_old = np.where(batch["response_mask"] > 0, old, np.inf).min(1)
+  delta = float(np.median(min_old[np.isfinite(min_old)]))  # masks about half of the samples
+  cfg = UpdateConfig(learning_rate=1e-3, num_minibatches=n_minibatches, micro_rows=micro_rows,
+                     vocab_chunk=100, loss=LossConfig(low_prob_delta=delta))
+  # SGD: Adam's g / (|g| + eps) would amplify float-rounding differences of near-zero gradients
+  opt = optax.sgd(0.05)
+  want, _, want_mask = reference_update(params, batch, cfg, n_minibatches, opt)
+  masked = (batch["response_mask"].sum(1) > 0) & (want_mask.sum(1) == 0)
+  assert 0 < masked.sum() < 7
 
-    state = init_train_state(jax.tree.map(jnp.copy, params), opt)  # the update donates its state
-    state, met = make_update_fn(MODEL, cfg, opt)(state, jax.tree.map(jnp.asarray, batch))
-    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-                zip(jax.tree.leaves(want), jax.tree.leaves(params)))
-    assert moved > 1e-4
-    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert int(state.step) == n_minibatches
-    np.testing.assert_allclose(met["masked_frac"], masked.sum() / 7, rtol=1e-6)
-    m = batch["response_mask"] > 0
-    np.testing.assert_allclose(met["sampler_vs_old_logp_absdiff"],
-                               np.abs(batch["sampler_logp"] - old)[m].mean(), rtol=1e-5)
-    cur = np.asarray(full_logp(params, batch["cur_tokens"], batch["cur_attn"]))
-    first = np.array([(b % 4) // 2 == 0 for b in range(B)])[:, None] & (want_mask > 0)
-    assert met["ratio_max"] >= np.exp(cur - old)[first].max() * (1 - 1e-5)  # first step's ratios
-    assert all(np.isfinite(v) for v in jax.tree.leaves(met))
+  state = init_train_state(jax.tree.map(jnp.copy, params), opt)  # the update donates its state
+  state, met = make_update_fn(MODEL, cfg, opt)(state, jax.tree.map(jnp.asarray, batch))
+  moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+              zip(jax.tree.leaves(want), jax.tree.leaves(params)))
+  assert moved > 1e-4
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  assert int(state.step) == n_minibatches
+  np.testing.assert_allclose(met["masked_frac"], masked.sum() / 7, rtol=1e-6)
+  m = batch["response_mask"] > 0
+  np.testing.assert_allclose(met["sampler_vs_old_logp_absdiff"],
+                             np.abs(batch["sampler_logp"] - old)[m].mean(), rtol=1e-5)
+  cur = np.asarray(full_logp(params, batch["cur_tokens"], batch["cur_attn"]))
+  first = np.array([(b % 4) // 2 == 0 for b in range(B)])[:, None] & (want_mask > 0)
+  assert met["ratio_max"] >= np.exp(cur - old)[first].max() * (1 - 1e-5)  # first step's ratios
+  assert all(np.isfinite(v) for v in jax.tree.leaves(met))
 
 
 def test_positive_advantage_raises_logprob():
-    params = qwen2.init_params(MODEL, jax.random.PRNGKey(1))
-    batch = make_batch(3)
-    batch["advantages"] = np.zeros(B, np.float32)
-    batch["advantages"][2] = 1.0
-    batch["old_tokens"], batch["old_attn"] = batch["cur_tokens"], batch["cur_attn"]  # on-policy
-    cfg = UpdateConfig(learning_rate=1e-3, micro_rows=4, vocab_chunk=128,
-                       loss=LossConfig(low_prob_mask=False))
-    logp = sample_logprobs_fn(MODEL, cfg)
-    before = np.asarray(logp(params, batch["cur_tokens"], batch["cur_attn"], R))
-    state = init_train_state(params, make_optimizer(cfg))
-    state, met = make_update_fn(MODEL, cfg)(state, jax.tree.map(jnp.asarray, batch))
-    after = np.asarray(logp(state.params, batch["cur_tokens"], batch["cur_attn"], R))
-    m = batch["response_mask"][2] > 0
-    assert after[2][m].sum() > before[2][m].sum() + 1e-3
-    np.testing.assert_allclose(met["ratio_mean"], 1.0, rtol=1e-5)  # on-policy: starts at 1
+  params = qwen2.init_params(MODEL, jax.random.PRNGKey(1))
+  batch = make_batch(3)
+  batch["advantages"] = np.zeros(B, np.float32)
+  batch["advantages"][2] = 1.0
+  batch["old_tokens"], batch["old_attn"] = batch["cur_tokens"], batch["cur_attn"]  # on-policy
+  cfg = UpdateConfig(learning_rate=1e-3, micro_rows=4, vocab_chunk=128,
+                     loss=LossConfig(low_prob_mask=False))
+  logp = sample_logprobs_fn(MODEL, cfg)
+  before = np.asarray(logp(params, batch["cur_tokens"], batch["cur_attn"], R))
+  state = init_train_state(params, make_optimizer(cfg))
+  state, met = make_update_fn(MODEL, cfg)(state, jax.tree.map(jnp.asarray, batch))
+  after = np.asarray(logp(state.params, batch["cur_tokens"], batch["cur_attn"], R))
+  m = batch["response_mask"][2] > 0
+  assert after[2][m].sum() > before[2][m].sum() + 1e-3
+  np.testing.assert_allclose(met["ratio_mean"], 1.0, rtol=1e-5)  # on-policy: starts at 1
 
 
 def test_kl_needs_reference_and_bad_rows_rejected():
-    params = qwen2.init_params(MODEL, jax.random.PRNGKey(2))
-    batch = jax.tree.map(jnp.asarray, make_batch(4))
-    cfg = UpdateConfig(micro_rows=4, vocab_chunk=128, loss=LossConfig(kl_coef=0.01))
-    fn = make_update_fn(MODEL, cfg, donate=False)
-    state = init_train_state(params, make_optimizer(cfg))
-    with pytest.raises(ValueError, match="ref_params"):
-        fn(state, batch)
-    _, met = fn(state, batch, params)  # reference == policy: KL starts at 0
-    np.testing.assert_allclose(met["kl_ref"], 0.0, atol=1e-6)
-    with pytest.raises(ValueError, match="multiple"):
-        make_update_fn(MODEL, UpdateConfig(micro_rows=3), donate=False)(state, batch)
+  params = qwen2.init_params(MODEL, jax.random.PRNGKey(2))
+  batch = jax.tree.map(jnp.asarray, make_batch(4))
+  cfg = UpdateConfig(micro_rows=4, vocab_chunk=128, loss=LossConfig(kl_coef=0.01))
+  fn = make_update_fn(MODEL, cfg, donate=False)
+  state = init_train_state(params, make_optimizer(cfg))
+  with pytest.raises(ValueError, match="ref_params"):
+    fn(state, batch)
+  _, met = fn(state, batch, params)  # reference == policy: KL starts at 0
+  np.testing.assert_allclose(met["kl_ref"], 0.0, atol=1e-6)
+  with pytest.raises(ValueError, match="multiple"):
+    make_update_fn(MODEL, UpdateConfig(micro_rows=3), donate=False)(state, batch)
 
 
 SHARDED_SCRIPT = textwrap.dedent("""
@@ -186,13 +186,13 @@ SHARDED_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_update_on_8_devices_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    d, dm, moved = map(float, line.split()[1:])
-    assert moved > 1e-4  # the update changed the params, so agreement is not trivial
-    assert d < 1e-5 and dm < 1e-4, line
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
+  d, dm, moved = map(float, line.split()[1:])
+  assert moved > 1e-4  # the update changed the params, so agreement is not trivial
+  assert d < 1e-5 and dm < 1e-4, line

@@ -8,16 +8,20 @@ gives), the first `top_k`. Two ways to get it:
   scanning the slot in (score, uid) order and keeping the first `top_k` passes is the exact answer.
 - approximate, for larger slots: a ScaNN tree + asymmetric-hashing searcher returns `candidates`
   neighbours per query, whose cosines are recomputed exactly from the stored embeddings (so the
-  threshold test is exact; only neighbours ScaNN misses can be lost). When most candidates pass the
-  threshold ("saturated": the true passing set is likely larger than `candidates`, as happens when all
-  keys of a slot share a long prompt), the query switches to an exact scan of the slot in score order,
-  chunk by chunk, stopping as soon as `top_k` passes are found.
+  threshold test is exact; only neighbours ScaNN misses can be lost). When more than `saturation` of
+  the candidates pass ("saturated": the passing set is dense, and may be larger than `candidates`, as
+  when all keys of a slot share a long prompt), the query switches to an exact scan of the slot in
+  score order, in growing chunks, stopping as soon as `top_k` passes are found -- cheap exactly when
+  passes are dense. Range queries need a wide tree search (`search_fraction` 0.3 of the leaves) for
+  recall >= 0.95 on MiniLM keys; tests/test_memory_index.py measures it.
 
 Index upkeep (rebuild policy): a slot's ScaNN searcher covers the uid range [lo, hi) that was live when
 it was built. Entries written later (uid >= hi, "tail") are searched exactly on every query; evicted
 entries (uid < oldest live uid) are dropped from ScaNN's answers. The searcher is rebuilt from the live
 entries before a query when tail + evicted > `rebuild_fraction` x indexed size, so the exact share of
-the work stays bounded and dead entries never crowd out live ones for long.
+the work stays bounded and dead entries never crowd out live ones for long. A build trains the tree
+and AH codebooks on a random `training_sample` of the slot and upserts the rest in `build_chunk`s,
+which keeps ScaNN's transient memory small (a one-shot build copies the data about twice).
 """
 from __future__ import annotations
 
@@ -50,7 +54,8 @@ class RetrievalConfig:
     rebuild_fraction: float = 0.1  # rebuild when (tail + evicted) exceeds this share of the indexed size
     leaves_per_sqrt_n: float = 1.0  # ScaNN tree leaves = this x sqrt(n)
     search_fraction: float = 0.3   # share of leaves searched per query (range queries need many)
-    training_sample: int = 100_000  # ScaNN k-means / AH training sample size
+    training_sample: int = 100_000  # ScaNN k-means / AH training sample size (built first)
+    build_chunk: int = 50_000      # rows upserted into the searcher per step after the sample
     scan_chunk: int = 16_384       # max rows per step of the score-order scan (starts at 256, doubles)
     use_scann: bool = True
 
@@ -66,7 +71,8 @@ class Hit:
 @dataclasses.dataclass
 class _Ann:
     slot: Slot
-    searcher: object
+    searcher: object         # scann_ops_pybind.ScannSearcher; its internal index j is row pos_of[j]
+    pos_of: np.ndarray       # [n] ScaNN internal index -> position from lo
     lo: int                  # first indexed uid
     hi: int                  # one past the last indexed uid
     rank_uids: np.ndarray    # indexed uids sorted by (-score, uid)
@@ -161,24 +167,38 @@ class MemoryIndex:
         return a
 
     def _build(self, slot: Slot) -> _Ann:
-        cfg, emb = self.cfg, np.ascontiguousarray(slot.embeddings)
+        """Train the tree + AH codebooks on a random sample, then upsert the rest in chunks.
+
+        Building from the sample and upserting keeps ScaNN's transient copies to ~a chunk instead of
+        ~2x the whole slot (about 3 GB at 1M x 384 float32).
+        """
+        cfg, emb = self.cfg, slot.embeddings
         n = len(emb)
+        m = min(n, cfg.training_sample)
+        first = np.sort(np.random.default_rng(n).choice(n, m, replace=False)) if m < n else np.arange(n)
+        rest = np.setdiff1d(np.arange(n), first, assume_unique=True)
         leaves = max(8, min(n // 20, int(cfg.leaves_per_sqrt_n * math.sqrt(n))))
-        searcher = (_scann.builder(emb, cfg.candidates, "dot_product")
+        searcher = (_scann.builder(np.ascontiguousarray(emb[first]), cfg.candidates, "dot_product")
                     .tree(num_leaves=leaves, num_leaves_to_search=max(1, math.ceil(leaves * cfg.search_fraction)),
-                          training_sample_size=min(n, cfg.training_sample), spherical=True)
+                          training_sample_size=m, spherical=True)
                     .score_ah(2, anisotropic_quantization_threshold=0.2)
-                    .build())
+                    .build(docids=[str(j) for j in range(m)]))
+        for c in range(0, len(rest), cfg.build_chunk):
+            part = rest[c:c + cfg.build_chunk]
+            searcher.upsert([str(m + c + j) for j in range(len(part))], np.ascontiguousarray(emb[part]),
+                            batch_size=len(part))
         self.stats["builds"] += 1
         uids = slot.uids
-        return _Ann(slot, searcher, int(uids[0]), int(uids[-1]) + 1, uids[_score_order(slot.scores, uids)])
+        return _Ann(slot, searcher, np.concatenate([first, rest]).astype(np.int64),
+                    int(uids[0]), int(uids[-1]) + 1, uids[_score_order(slot.scores, uids)])
 
     def _approx(self, key, slot: Slot, q_md):
         cfg, a = self.cfg, self._ann_for(key, slot)
         emb, base = slot.embeddings, slot.oldest_uid
         k_cand = min(cfg.candidates, a.hi - a.lo)
-        idx_mc, dist_mc = a.searcher.search_batched(q_md, final_num_neighbors=k_cand)
-        uids_mc = a.lo + np.asarray(idx_mc, np.int64)
+        # the raw pybind searcher answers internal indices (the wrapper would map them to docid strings)
+        idx_mc, dist_mc = a.searcher.searcher.search_batched(q_md, k_cand, -1, -1, False, 0)
+        uids_mc = a.lo + a.pos_of[np.asarray(idx_mc, np.int64)]
         found_mc = np.isfinite(np.asarray(dist_mc))   # ScaNN pads short answers with index 0, NaN
         tail_u = np.arange(max(a.hi, base), slot.next_uid, dtype=np.int64)
         tail_sims = _sims(q_md, emb[tail_u - base]) if len(tail_u) else np.zeros((len(q_md), 0), np.float32)

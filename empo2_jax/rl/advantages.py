@@ -18,83 +18,83 @@ import numpy as np
 
 
 def _group_index(keys):
-    """Dense int ids [N] for arbitrary hashable keys, in order of first appearance."""
-    ids, out = {}, np.empty(len(keys), np.int64)
-    for i, k in enumerate(keys):
-        out[i] = ids.setdefault(k, len(ids))
-    return out, len(ids)
+  """Dense int ids [N] for arbitrary hashable keys, in order of first appearance."""
+  ids, out = {}, np.empty(len(keys), np.int64)
+  for i, k in enumerate(keys):
+    out[i] = ids.setdefault(k, len(ids))
+  return out, len(ids)
 
 
 def _normalise_in_groups(scores, gid, n_groups, *, use_std, ddof, eps):
-    """(s - mean_g) / (std_g + eps) (or / 1 without std); groups of size 1 -> 0."""
-    scores = np.asarray(scores, np.float64)
-    count = np.bincount(gid, minlength=n_groups).astype(np.float64)
-    mean = np.bincount(gid, weights=scores, minlength=n_groups) / np.maximum(count, 1)
-    centred = scores - mean[gid]
-    if use_std:
-        sq = np.bincount(gid, weights=centred**2, minlength=n_groups)
-        std = np.sqrt(sq / np.maximum(count - ddof, 1))
-        centred = centred / (std[gid] + eps)
-    return np.where(count[gid] > 1, centred, 0.0).astype(np.float32)
+  """(s - mean_g) / (std_g + eps) (or / 1 without std); groups of size 1 -> 0."""
+  scores = np.asarray(scores, np.float64)
+  count = np.bincount(gid, minlength=n_groups).astype(np.float64)
+  mean = np.bincount(gid, weights=scores, minlength=n_groups) / np.maximum(count, 1)
+  centred = scores - mean[gid]
+  if use_std:
+    sq = np.bincount(gid, weights=centred**2, minlength=n_groups)
+    std = np.sqrt(sq / np.maximum(count - ddof, 1))
+    centred = centred / (std[gid] + eps)
+  return np.where(count[gid] > 1, centred, 0.0).astype(np.float32)
 
 
 def grpo_step_advantages(group_ids, returns, intrinsic=None, *, ddof=1, eps=1e-6):
-    """Paper-era GRPO, step level: score = episode return + turn's intrinsic reward, normalised over
-    all turns of the group. [N] float32."""
-    scores = np.asarray(returns, np.float64)
-    if intrinsic is not None:
-        scores = scores + np.asarray(intrinsic, np.float64)
-    gid, n = _group_index(group_ids)
-    return _normalise_in_groups(scores, gid, n, use_std=True, ddof=ddof, eps=eps)
+  """Paper-era GRPO, step level: score = episode return + turn's intrinsic reward, normalised over
+  all turns of the group. [N] float32."""
+  scores = np.asarray(returns, np.float64)
+  if intrinsic is not None:
+    scores = scores + np.asarray(intrinsic, np.float64)
+  gid, n = _group_index(group_ids)
+  return _normalise_in_groups(scores, gid, n, use_std=True, ddof=ddof, eps=eps)
 
 
 def rollout_advantages(group_ids, rollout_ids, rewards, *, ddof=1, eps=1e-6):
-    """Release GRPO, rollout level: score = sum of the rollout's turn rewards, normalised over the n
-    rollouts of the group (ddof=1), broadcast back to every turn. [N] float32."""
-    rid, n_roll = _group_index(rollout_ids)
-    score = np.bincount(rid, weights=np.asarray(rewards, np.float64), minlength=n_roll)
-    roll_group = np.empty(n_roll, dtype=object)
-    roll_group[rid] = list(group_ids)
-    gid, n_groups = _group_index(list(roll_group))
-    adv = _normalise_in_groups(score, gid, n_groups, use_std=True, ddof=ddof, eps=eps)
-    return adv[rid]
+  """Release GRPO, rollout level: score = sum of the rollout's turn rewards, normalised over the n
+  rollouts of the group (ddof=1), broadcast back to every turn. [N] float32."""
+  rid, n_roll = _group_index(rollout_ids)
+  score = np.bincount(rid, weights=np.asarray(rewards, np.float64), minlength=n_roll)
+  roll_group = np.empty(n_roll, dtype=object)
+  roll_group[rid] = list(group_ids)
+  gid, n_groups = _group_index(list(roll_group))
+  adv = _normalise_in_groups(score, gid, n_groups, use_std=True, ddof=ddof, eps=eps)
+  return adv[rid]
 
 
 def discounted_returns(rollout_ids, steps, rewards, gamma):
-    """G_t = sum_{k>=t} gamma^(k-t) r_k within each rollout, in step order. [N] float64."""
-    rewards = np.asarray(rewards, np.float64)
-    rid_all = _group_index(rollout_ids)[0]
-    order = np.lexsort((np.asarray(steps), rid_all))  # by rollout, then step
-    rid = rid_all[order]
-    out = np.zeros(len(rewards), np.float64)
-    running, prev = 0.0, None
-    for j in range(len(order) - 1, -1, -1):  # backwards through each rollout
-        i = order[j]
-        if rid[j] != prev:
-            running, prev = 0.0, rid[j]
-        running = rewards[i] + gamma * running
-        out[i] = running
-    return out
+  """G_t = sum_{k>=t} gamma^(k-t) r_k within each rollout, in step order. [N] float64."""
+  rewards = np.asarray(rewards, np.float64)
+  rid_all = _group_index(rollout_ids)[0]
+  order = np.lexsort((np.asarray(steps), rid_all))  # by rollout, then step
+  rid = rid_all[order]
+  out = np.zeros(len(rewards), np.float64)
+  running, prev = 0.0, None
+  for j in range(len(order) - 1, -1, -1):  # backwards through each rollout
+    i = order[j]
+    if rid[j] != prev:
+      running, prev = 0.0, rid[j]
+    running = rewards[i] + gamma * running
+    out[i] = running
+  return out
 
 
 def gigpo_advantages(group_ids, rollout_ids, steps, obs_keys, returns, rewards, *, gamma=0.95,
                      step_weight=1.0, use_std=True, ddof=1, eps=1e-6):
-    """GiGPO (Feng et al. 2025): A = A_episode + w * A_step. [N] float32.
+  """GiGPO (Feng et al. 2025): A = A_episode + w * A_step. [N] float32.
 
-    A_episode: the rollout's return normalised over the n rollouts of its group.
-    A_step: the turn's discounted return normalised within its anchor group = turns of the same
-    task-row group whose current observation is identical (singletons -> 0).
-    use_std=False is the "w/o std" variant (divide by 1 instead of std + eps).
-    """
-    rid, n_roll = _group_index(rollout_ids)
-    roll_return = np.zeros(n_roll)
-    roll_return[rid] = np.asarray(returns, np.float64)
-    roll_group = np.empty(n_roll, dtype=object)
-    roll_group[rid] = list(group_ids)
-    gid, n_groups = _group_index(list(roll_group))
-    a_episode = _normalise_in_groups(roll_return, gid, n_groups, use_std=use_std, ddof=ddof,
-                                     eps=eps)[rid]
-    g = discounted_returns(rollout_ids, steps, rewards, gamma)
-    aid, n_anchor = _group_index(list(zip(group_ids, obs_keys)))
-    a_step = _normalise_in_groups(g, aid, n_anchor, use_std=use_std, ddof=ddof, eps=eps)
-    return (a_episode + step_weight * a_step).astype(np.float32)
+  A_episode: the rollout's return normalised over the n rollouts of its group.
+  A_step: the turn's discounted return normalised within its anchor group = turns of the same
+  task-row group whose current observation is identical (singletons -> 0).
+  use_std=False is the "w/o std" variant (divide by 1 instead of std + eps).
+  """
+  rid, n_roll = _group_index(rollout_ids)
+  roll_return = np.zeros(n_roll)
+  roll_return[rid] = np.asarray(returns, np.float64)
+  roll_group = np.empty(n_roll, dtype=object)
+  roll_group[rid] = list(group_ids)
+  gid, n_groups = _group_index(list(roll_group))
+  a_episode = _normalise_in_groups(roll_return, gid, n_groups, use_std=use_std, ddof=ddof,
+                                   eps=eps)[rid]
+  g = discounted_returns(rollout_ids, steps, rewards, gamma)
+  aid, n_anchor = _group_index(list(zip(group_ids, obs_keys)))
+  a_step = _normalise_in_groups(g, aid, n_anchor, use_std=use_std, ddof=ddof, eps=eps)
+  return (a_episode + step_weight * a_step).astype(np.float32)

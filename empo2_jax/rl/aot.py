@@ -25,44 +25,44 @@ VOCAB_CHUNK = 8192
 
 
 def abstract_batch(mesh, rows: int, length: int, response_len: int = RESPONSE_LEN) -> dict:
-    """ShapeDtypeStructs of an rl/batch.build_batch batch, rows sharded over (data, fsdp)."""
-    sh = shd.batch_sharding(mesh)
+  """ShapeDtypeStructs of an rl/batch.build_batch batch, rows sharded over (data, fsdp)."""
+  sh = shd.batch_sharding(mesh)
 
-    def s(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+  def s(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
 
-    tok = s((rows, length), jnp.int32)
-    resp = s((rows, response_len), jnp.float32)
-    return {"cur_tokens": tok, "cur_attn": tok, "old_tokens": tok, "old_attn": tok,
-            "response_mask": resp, "sampler_logp": resp, "advantages": s((rows,), jnp.float32),
-            "sample_index": s((rows,), jnp.int32)}
+  tok = s((rows, length), jnp.int32)
+  resp = s((rows, response_len), jnp.float32)
+  return {"cur_tokens": tok, "cur_attn": tok, "old_tokens": tok, "old_attn": tok,
+          "response_mask": resp, "sampler_logp": resp, "advantages": s((rows,), jnp.float32),
+          "sample_index": s((rows,), jnp.int32)}
 
 
 def update_flops(config, rows: int, length: int, response_len: int) -> float:
-    """Old log-probs (1 forward) + forward/backward (3 forwards); the vocabulary projection only
-    for the response positions."""
-    head = 2.0 * config.hidden_size * config.vocab_size
-    body = forward_flops_per_token(config, length) - head
-    return 4.0 * (body * rows * length + head * rows * response_len)
+  """Old log-probs (1 forward) + forward/backward (3 forwards); the vocabulary projection only
+  for the response positions."""
+  head = 2.0 * config.hidden_size * config.vocab_size
+  body = forward_flops_per_token(config, length) - head
+  return 4.0 * (body * rows * length + head * rows * response_len)
 
 
 @register_program("train_step")
 def _train_step(config, mesh, req):
-    if req.seq <= RESPONSE_LEN:
-        raise ValueError(f"seq={req.seq} must exceed the response length {RESPONSE_LEN}")
-    if req.batch % req.num_microbatches:
-        raise ValueError(f"batch={req.batch} must be a multiple of microbatches="
-                         f"{req.num_microbatches}")
-    # The cost probe (aot._probe_cost) asks for loss_chunk == seq and needs loop-free programs:
-    # then project the whole vocabulary in one chunk, as XLA counts a loop body once.
-    chunk = config.vocab_size if req.loss_chunk == req.seq else VOCAB_CHUNK
-    cfg = UpdateConfig(micro_rows=req.batch // req.num_microbatches, vocab_chunk=chunk)
-    opt = make_optimizer(cfg)
-    state = jax.eval_shape(
-        lambda: init_train_state(qwen2.init_params(config, jax.random.key(0)), opt))
-    state = shd.abstract_on_mesh(state, mesh)
-    state_sharding = jax.tree.map(lambda x: x.sharding, state)
-    fn = make_update_fn(config, cfg, opt, batch_sharding=shd.batch_sharding(mesh),
-                        state_sharding=state_sharding)
-    batch = abstract_batch(mesh, req.batch, req.seq)
-    return Program(fn, (state, batch), update_flops(config, req.batch, req.seq, RESPONSE_LEN))
+  if req.seq <= RESPONSE_LEN:
+    raise ValueError(f"seq={req.seq} must exceed the response length {RESPONSE_LEN}")
+  if req.batch % req.num_microbatches:
+    raise ValueError(f"batch={req.batch} must be a multiple of microbatches="
+                     f"{req.num_microbatches}")
+  # The cost probe (aot._probe_cost) asks for loss_chunk == seq and needs loop-free programs:
+  # then project the whole vocabulary in one chunk, as XLA counts a loop body once.
+  chunk = config.vocab_size if req.loss_chunk == req.seq else VOCAB_CHUNK
+  cfg = UpdateConfig(micro_rows=req.batch // req.num_microbatches, vocab_chunk=chunk)
+  opt = make_optimizer(cfg)
+  state = jax.eval_shape(
+      lambda: init_train_state(qwen2.init_params(config, jax.random.key(0)), opt))
+  state = shd.abstract_on_mesh(state, mesh)
+  state_sharding = jax.tree.map(lambda x: x.sharding, state)
+  fn = make_update_fn(config, cfg, opt, batch_sharding=shd.batch_sharding(mesh),
+                      state_sharding=state_sharding)
+  batch = abstract_batch(mesh, req.batch, req.seq)
+  return Program(fn, (state, batch), update_flops(config, req.batch, req.seq, RESPONSE_LEN))

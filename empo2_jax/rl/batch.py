@@ -36,164 +36,164 @@ from empo2_jax.rl import advantages as adv_lib
 
 MODES = ("on", "on_tips", "off")
 RATIO_VARIANTS = ("paper", "release")
-# A tip block and the single newline that follows it (the agent inserts blocks as "<tip>...</tip>\n").
+# A tip block and the single newline after it (agent/prompts.tip_block ends blocks with "\n").
 TIP_BLOCK_RE = re.compile(r"<tip>.*?</tip>\n?", re.DOTALL)
 
 
 @dataclasses.dataclass
 class Turn:
-    messages: list  # [{"role", "content"}], up to and including the last user message
-    response: str  # the raw sampled text (what stays in the history)
-    response_ids: list  # sampled token ids (including the stop token if it was sampled)
-    sampler_logprobs: list  # one float per response id
-    mode: str  # "on" | "on_tips" | "off": how this turn's rollout was drawn (SPEC §1)
-    group_id: Hashable  # task row: all turns of its n rollouts
-    rollout_id: Hashable  # episode, unique in the batch
-    step: int  # turn index within the episode
-    episode_return: float  # the episode's return (final score)
-    reward: float = 0.0  # this step's env reward (score delta)
-    intrinsic: float = 0.0  # this step's memory reward r_int (0 without memory)
-    obs_key: Hashable = ""  # the current observation, for GiGPO anchor states
+  messages: list  # [{"role", "content"}], up to and including the last user message
+  response: str  # the raw sampled text (what stays in the history)
+  response_ids: list  # sampled token ids (including the stop token if it was sampled)
+  sampler_logprobs: list  # one float per response id
+  mode: str  # "on" | "on_tips" | "off": how this turn's rollout was drawn (SPEC §1)
+  group_id: Hashable  # task row: all turns of its n rollouts
+  rollout_id: Hashable  # episode, unique in the batch
+  step: int  # turn index within the episode
+  episode_return: float  # the episode's return (final score)
+  reward: float = 0.0  # this step's env reward (score delta)
+  intrinsic: float = 0.0  # this step's memory reward r_int (0 without memory)
+  obs_key: Hashable = ""  # the current observation, for GiGPO anchor states
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchConfig:
-    max_prompt_len: int = 8192  # longer prompts (in any view used) drop the sample
-    response_len: int = 32  # R; longer responses drop the sample
-    ratio_variant: str = "paper"  # "paper" | "release"
-    prompt_multiple: int = 128  # P is a bucket over multiples of this
-    row_multiple: int = 8  # B is a bucket over multiples of this (mini-batches x devices)
-    bucket_growth: float = 1.25  # consecutive bucket sizes differ by at most this factor
-    pad_id: int = 151643  # <|endoftext|>
+  max_prompt_len: int = 8192  # longer prompts (in any view used) drop the sample
+  response_len: int = 32  # R; longer responses drop the sample
+  ratio_variant: str = "paper"  # "paper" | "release"
+  prompt_multiple: int = 128  # P is a bucket over multiples of this
+  row_multiple: int = 8  # B is a bucket over multiples of this (mini-batches x devices)
+  bucket_growth: float = 1.25  # consecutive bucket sizes differ by at most this factor
+  pad_id: int = 151643  # <|endoftext|>
 
-    def __post_init__(self):
-        if self.ratio_variant not in RATIO_VARIANTS:
-            raise ValueError(f"ratio_variant must be one of {RATIO_VARIANTS}, "
-                             f"got {self.ratio_variant!r}")
-        if self.bucket_growth <= 1.0:
-            raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
+  def __post_init__(self):
+    if self.ratio_variant not in RATIO_VARIANTS:
+      raise ValueError(f"ratio_variant must be one of {RATIO_VARIANTS}, "
+                       f"got {self.ratio_variant!r}")
+    if self.bucket_growth <= 1.0:
+      raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
 
 
 def strip_tips(text: str) -> str:
-    return TIP_BLOCK_RE.sub("", text)
+  return TIP_BLOCK_RE.sub("", text)
 
 
 def strip_tips_messages(messages):
-    return [dict(m, content=strip_tips(m["content"])) for m in messages]
+  return [dict(m, content=strip_tips(m["content"])) for m in messages]
 
 
 def prompt_text(tokenizer, messages) -> str:
-    """The ChatML prompt the sampler sees (use the same function there)."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  """The ChatML prompt the sampler sees (use the same function there)."""
+  return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def views_for(mode: str, ratio_variant: str):
-    """(current-view, old-view) names for a turn's mode, per the table above."""
-    if mode not in MODES:
-        raise ValueError(f"turn mode must be one of {MODES}, got {mode!r}")
-    if mode != "off":
-        return "tips", "tips"
-    return ("notips", "notips") if ratio_variant == "paper" else ("notips", "tips")
+  """(current-view, old-view) names for a turn's mode, per the table above."""
+  if mode not in MODES:
+    raise ValueError(f"turn mode must be one of {MODES}, got {mode!r}")
+  if mode != "off":
+    return "tips", "tips"
+  return ("notips", "notips") if ratio_variant == "paper" else ("notips", "tips")
 
 
 def bucket_size(n: int, multiple: int, growth: float) -> int:
-    """Smallest multiple * ceil(growth^k) >= n: few distinct sizes, at most ~growth overhead."""
-    units = max(1, math.ceil(n / multiple))
-    size, k = 1, 0
-    while size < units:
-        k += 1
-        size = max(size + 1, math.ceil(growth ** k))
-    return size * multiple
+  """Smallest multiple * ceil(growth^k) >= n: few distinct sizes, at most ~growth overhead."""
+  units = max(1, math.ceil(n / multiple))
+  size, k = 1, 0
+  while size < units:
+    k += 1
+    size = max(size + 1, math.ceil(growth ** k))
+  return size * multiple
 
 
 def turn_advantages(turns: Sequence[Turn], estimator: str, **kwargs) -> np.ndarray:
-    """Advantages [N] for the turns. estimator: "grpo_step" | "grpo_rollout" | "gigpo".
+  """Advantages [N] for the turns. estimator: "grpo_step" | "grpo_rollout" | "gigpo".
 
-    grpo_step: score = episode return + intrinsic (paper-era). grpo_rollout: sum over the rollout of
-    (reward + intrinsic) (release). gigpo: kwargs gamma, step_weight, use_std (SPEC §6).
-    """
-    g = [t.group_id for t in turns]
-    r = [t.rollout_id for t in turns]
-    if estimator == "grpo_step":
-        return adv_lib.grpo_step_advantages(g, [t.episode_return for t in turns],
-                                            [t.intrinsic for t in turns], **kwargs)
-    if estimator == "grpo_rollout":
-        return adv_lib.rollout_advantages(g, r, [t.reward + t.intrinsic for t in turns], **kwargs)
-    if estimator == "gigpo":
-        return adv_lib.gigpo_advantages(g, r, [t.step for t in turns], [t.obs_key for t in turns],
-                                        [t.episode_return for t in turns],
-                                        [t.reward for t in turns], **kwargs)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; "
-                     "valid: grpo_step, grpo_rollout, gigpo")
+  grpo_step: score = episode return + intrinsic (paper-era). grpo_rollout: sum over the rollout of
+  (reward + intrinsic) (release). gigpo: kwargs gamma, step_weight, use_std (SPEC §6).
+  """
+  g = [t.group_id for t in turns]
+  r = [t.rollout_id for t in turns]
+  if estimator == "grpo_step":
+    return adv_lib.grpo_step_advantages(g, [t.episode_return for t in turns],
+                                        [t.intrinsic for t in turns], **kwargs)
+  if estimator == "grpo_rollout":
+    return adv_lib.rollout_advantages(g, r, [t.reward + t.intrinsic for t in turns], **kwargs)
+  if estimator == "gigpo":
+    return adv_lib.gigpo_advantages(g, r, [t.step for t in turns], [t.obs_key for t in turns],
+                                    [t.episode_return for t in turns],
+                                    [t.reward for t in turns], **kwargs)
+  raise ValueError(f"unknown advantage estimator {estimator!r}; "
+                   "valid: grpo_step, grpo_rollout, gigpo")
 
 
 def _tokenize_views(tokenizer, turns, needed):
-    """{(i, view): prompt ids} for the (turn, view) pairs in `needed`, in one batched call."""
-    keys = sorted(needed, key=lambda k: (k[0], k[1]))
-    texts = []
-    for i, view in keys:
-        msgs = turns[i].messages if view == "tips" else strip_tips_messages(turns[i].messages)
-        texts.append(prompt_text(tokenizer, msgs))
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    return dict(zip(keys, ids))
+  """{(i, view): prompt ids} for the (turn, view) pairs in `needed`, in one batched call."""
+  keys = sorted(needed, key=lambda k: (k[0], k[1]))
+  texts = []
+  for i, view in keys:
+    msgs = turns[i].messages if view == "tips" else strip_tips_messages(turns[i].messages)
+    texts.append(prompt_text(tokenizer, msgs))
+  ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+  return dict(zip(keys, ids))
 
 
 def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
                 num_rows: Optional[int] = None) -> tuple[dict, dict[str, Any]]:
-    """Turns + advantages [N] -> (batch dict of numpy arrays, stats).
+  """Turns + advantages [N] -> (batch dict of numpy arrays, stats).
 
-    num_rows forces B (e.g. a fixed shape for AOT); otherwise B is bucketed.
-    stats: n_turns, n_dropped_prompt, n_dropped_response, n_samples, rows, prompt_len.
-    """
-    advantages = np.asarray(advantages, np.float32)
-    if len(advantages) != len(turns):
-        raise ValueError(f"{len(advantages)} advantages for {len(turns)} turns")
-    plan = [views_for(t.mode, cfg.ratio_variant) for t in turns]
-    needed = {(i, v) for i, views in enumerate(plan) for v in views}
-    ids = _tokenize_views(tokenizer, turns, needed)
+  num_rows forces B (e.g. a fixed shape for AOT); otherwise B is bucketed.
+  stats: n_turns, n_dropped_prompt, n_dropped_response, n_samples, rows, prompt_len.
+  """
+  advantages = np.asarray(advantages, np.float32)
+  if len(advantages) != len(turns):
+    raise ValueError(f"{len(advantages)} advantages for {len(turns)} turns")
+  plan = [views_for(t.mode, cfg.ratio_variant) for t in turns]
+  needed = {(i, v) for i, views in enumerate(plan) for v in views}
+  ids = _tokenize_views(tokenizer, turns, needed)
 
-    keep, n_long_prompt, n_long_resp = [], 0, 0
-    for i, t in enumerate(turns):
-        if len(t.response_ids) != len(t.sampler_logprobs):
-            raise ValueError(f"turn {i}: {len(t.response_ids)} response ids but "
-                             f"{len(t.sampler_logprobs)} sampler log-probs")
-        if len(t.response_ids) > cfg.response_len:
-            n_long_resp += 1
-        elif max(len(ids[(i, v)]) for v in plan[i]) > cfg.max_prompt_len:
-            n_long_prompt += 1
-        else:
-            keep.append(i)
+  keep, n_long_prompt, n_long_resp = [], 0, 0
+  for i, t in enumerate(turns):
+    if len(t.response_ids) != len(t.sampler_logprobs):
+      raise ValueError(f"turn {i}: {len(t.response_ids)} response ids but "
+                       f"{len(t.sampler_logprobs)} sampler log-probs")
+    if len(t.response_ids) > cfg.response_len:
+      n_long_resp += 1
+    elif max(len(ids[(i, v)]) for v in plan[i]) > cfg.max_prompt_len:
+      n_long_prompt += 1
+    else:
+      keep.append(i)
 
-    longest = max([len(ids[(i, v)]) for i in keep for v in plan[i]], default=1)
-    p_len = min(bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth),
-                max(cfg.max_prompt_len, longest))
-    rows = num_rows or bucket_size(max(len(keep), 1), cfg.row_multiple, cfg.bucket_growth)
-    if rows < len(keep):
-        raise ValueError(f"num_rows={rows} < {len(keep)} samples")
-    R, L = cfg.response_len, p_len + cfg.response_len
-    out = {
-        "cur_tokens": np.full((rows, L), cfg.pad_id, np.int32),
-        "cur_attn": np.zeros((rows, L), np.int32),
-        "old_tokens": np.full((rows, L), cfg.pad_id, np.int32),
-        "old_attn": np.zeros((rows, L), np.int32),
-        "response_mask": np.zeros((rows, R), np.float32),
-        "sampler_logp": np.zeros((rows, R), np.float32),
-        "advantages": np.zeros((rows,), np.float32),
-        "sample_index": np.full((rows,), -1, np.int32),
-    }
-    for row, i in enumerate(keep):
-        t = turns[i]
-        resp = np.asarray(t.response_ids, np.int32)
-        for prefix, view in zip(("cur", "old"), plan[i]):
-            p = ids[(i, view)]
-            out[f"{prefix}_tokens"][row, p_len - len(p):p_len] = p
-            out[f"{prefix}_attn"][row, p_len - len(p):p_len + len(resp)] = 1
-            out[f"{prefix}_tokens"][row, p_len:p_len + len(resp)] = resp
-        out["response_mask"][row, :len(resp)] = 1.0
-        out["sampler_logp"][row, :len(resp)] = t.sampler_logprobs
-        out["advantages"][row] = advantages[i]
-        out["sample_index"][row] = i
-    stats = {"n_turns": len(turns), "n_dropped_prompt": n_long_prompt,
-             "n_dropped_response": n_long_resp, "n_samples": len(keep), "rows": rows,
-             "prompt_len": p_len}
-    return out, stats
+  longest = max([len(ids[(i, v)]) for i in keep for v in plan[i]], default=1)
+  p_len = min(bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth),
+              max(cfg.max_prompt_len, longest))
+  rows = num_rows or bucket_size(max(len(keep), 1), cfg.row_multiple, cfg.bucket_growth)
+  if rows < len(keep):
+    raise ValueError(f"num_rows={rows} < {len(keep)} samples")
+  R, L = cfg.response_len, p_len + cfg.response_len
+  out = {
+      "cur_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+      "cur_attn": np.zeros((rows, L), np.int32),
+      "old_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+      "old_attn": np.zeros((rows, L), np.int32),
+      "response_mask": np.zeros((rows, R), np.float32),
+      "sampler_logp": np.zeros((rows, R), np.float32),
+      "advantages": np.zeros((rows,), np.float32),
+      "sample_index": np.full((rows,), -1, np.int32),
+  }
+  for row, i in enumerate(keep):
+    t = turns[i]
+    resp = np.asarray(t.response_ids, np.int32)
+    for prefix, view in zip(("cur", "old"), plan[i]):
+      p = ids[(i, view)]
+      out[f"{prefix}_tokens"][row, p_len - len(p):p_len] = p
+      out[f"{prefix}_attn"][row, p_len - len(p):p_len + len(resp)] = 1
+      out[f"{prefix}_tokens"][row, p_len:p_len + len(resp)] = resp
+    out["response_mask"][row, :len(resp)] = 1.0
+    out["sampler_logp"][row, :len(resp)] = t.sampler_logprobs
+    out["advantages"][row] = advantages[i]
+    out["sample_index"][row] = i
+  stats = {"n_turns": len(turns), "n_dropped_prompt": n_long_prompt,
+           "n_dropped_response": n_long_resp, "n_samples": len(keep), "rows": rows,
+           "prompt_len": p_len}
+  return out, stats

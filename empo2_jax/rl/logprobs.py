@@ -23,128 +23,128 @@ F32 = jnp.float32
 
 
 def _chunk_plan(vocab, chunk_size):
-    """[(start, size)] static plan: n_full chunks of chunk_size, then an optional tail."""
-    size = min(chunk_size, vocab)
-    n_full = vocab // size
-    tail = vocab - n_full * size
-    return size, n_full, tail
+  """[(start, size)] static plan: n_full chunks of chunk_size, then an optional tail."""
+  size = min(chunk_size, vocab)
+  n_full = vocab // size
+  tail = vocab - n_full * size
+  return size, n_full, tail
 
 
 def _scan_chunks(body, carry, w, chunk_size):
-    """Runs body(carry, w_chunk [D, C], start) over all chunks of w; body returns (carry, y)."""
-    size, n_full, tail = _chunk_plan(w.shape[1], chunk_size)
+  """Runs body(carry, w_chunk [D, C], start) over all chunks of w; body returns (carry, y)."""
+  size, n_full, tail = _chunk_plan(w.shape[1], chunk_size)
 
-    def step(c, i):
-        start = i * size
-        return body(c, jax.lax.dynamic_slice_in_dim(w, start, size, axis=1), start)
+  def step(c, i):
+    start = i * size
+    return body(c, jax.lax.dynamic_slice_in_dim(w, start, size, axis=1), start)
 
-    carry, ys = jax.lax.scan(step, carry, jnp.arange(n_full))
-    y_tail = None
-    if tail:
-        carry, y_tail = body(carry, w[:, n_full * size:], n_full * size)
-    return carry, ys, y_tail
+  carry, ys = jax.lax.scan(step, carry, jnp.arange(n_full))
+  y_tail = None
+  if tail:
+    carry, y_tail = body(carry, w[:, n_full * size:], n_full * size)
+  return carry, ys, y_tail
 
 
 def _logits(h, w_c, inv_temp):
-    return jnp.dot(h, w_c.astype(h.dtype), preferred_element_type=F32) * inv_temp  # [N, C]
+  return jnp.dot(h, w_c.astype(h.dtype), preferred_element_type=F32) * inv_temp  # [N, C]
 
 
 def _stats(h, w, targets, inv_temp, chunk_size):
-    """Per token: log-normaliser, target logit, expected logit (all [N] float32)."""
-    n = h.shape[0]
+  """Per token: log-normaliser, target logit, expected logit (all [N] float32)."""
+  n = h.shape[0]
 
-    def body(carry, w_c, start):
-        m, s, ez_sum, tgt = carry
-        z = _logits(h, w_c, inv_temp)
-        m_new = jnp.maximum(m, jnp.max(z, axis=-1))
-        scale = jnp.exp(m - m_new)
-        e = jnp.exp(z - m_new[:, None])
-        s = s * scale + jnp.sum(e, axis=-1)
-        ez_sum = ez_sum * scale + jnp.sum(e * z, axis=-1)
-        hit = (targets - start)[:, None] == jnp.arange(z.shape[1])[None, :]
-        tgt = tgt + jnp.sum(jnp.where(hit, z, 0.0), axis=-1)
-        return (m_new, s, ez_sum, tgt), None
+  def body(carry, w_c, start):
+    m, s, ez_sum, tgt = carry
+    z = _logits(h, w_c, inv_temp)
+    m_new = jnp.maximum(m, jnp.max(z, axis=-1))
+    scale = jnp.exp(m - m_new)
+    e = jnp.exp(z - m_new[:, None])
+    s = s * scale + jnp.sum(e, axis=-1)
+    ez_sum = ez_sum * scale + jnp.sum(e * z, axis=-1)
+    hit = (targets - start)[:, None] == jnp.arange(z.shape[1])[None, :]
+    tgt = tgt + jnp.sum(jnp.where(hit, z, 0.0), axis=-1)
+    return (m_new, s, ez_sum, tgt), None
 
-    init = (jnp.full((n,), -jnp.inf, F32), jnp.zeros((n,), F32), jnp.zeros((n,), F32),
-            jnp.zeros((n,), F32))
-    (m, s, ez_sum, tgt), _, _ = _scan_chunks(body, init, w, chunk_size)
-    return m + jnp.log(s), tgt, ez_sum / s
+  init = (jnp.full((n,), -jnp.inf, F32), jnp.zeros((n,), F32), jnp.zeros((n,), F32),
+          jnp.zeros((n,), F32))
+  (m, s, ez_sum, tgt), _, _ = _scan_chunks(body, init, w, chunk_size)
+  return m + jnp.log(s), tgt, ez_sum / s
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _logp_entropy(h, w, targets, inv_temp, chunk_size):
-    logz, tgt, ez = _stats(h, w, targets, inv_temp, chunk_size)
-    return tgt - logz, logz - ez
+  logz, tgt, ez = _stats(h, w, targets, inv_temp, chunk_size)
+  return tgt - logz, logz - ez
 
 
 def _fwd(h, w, targets, inv_temp, chunk_size):
-    logz, tgt, ez = _stats(h, w, targets, inv_temp, chunk_size)
-    return (tgt - logz, logz - ez), (h, w, targets, logz, ez)
+  logz, tgt, ez = _stats(h, w, targets, inv_temp, chunk_size)
+  return (tgt - logz, logz - ez), (h, w, targets, logz, ez)
 
 
 def _bwd(inv_temp, chunk_size, res, cotangents):
-    h, w, targets, logz, ez = res
-    g_lp, g_ent = (g.astype(F32) for g in cotangents)
-    size, n_full, tail = _chunk_plan(w.shape[1], chunk_size)
+  h, w, targets, logz, ez = res
+  g_lp, g_ent = (g.astype(F32) for g in cotangents)
+  size, n_full, tail = _chunk_plan(w.shape[1], chunk_size)
 
-    def body(carry, w_c, start):
-        dh, dw = carry
-        z = _logits(h, w_c, inv_temp)
-        p = jnp.exp(z - logz[:, None])
-        hit = (targets - start)[:, None] == jnp.arange(z.shape[1])[None, :]
-        g_z = g_lp[:, None] * (hit.astype(F32) - p) - g_ent[:, None] * p * (z - ez[:, None])
-        g_z = (g_z * inv_temp).astype(h.dtype)  # [N, C], through z = h @ w / tau
-        dh = dh + jnp.dot(g_z, w_c.astype(h.dtype).T, preferred_element_type=F32)
-        dw_c = jnp.dot(h.T, g_z, preferred_element_type=F32).astype(dw.dtype)  # [D, C]
-        dw = jax.lax.dynamic_update_slice_in_dim(dw, dw_c, start, axis=1)
-        return (dh, dw), None
+  def body(carry, w_c, start):
+    dh, dw = carry
+    z = _logits(h, w_c, inv_temp)
+    p = jnp.exp(z - logz[:, None])
+    hit = (targets - start)[:, None] == jnp.arange(z.shape[1])[None, :]
+    g_z = g_lp[:, None] * (hit.astype(F32) - p) - g_ent[:, None] * p * (z - ez[:, None])
+    g_z = (g_z * inv_temp).astype(h.dtype)  # [N, C], through z = h @ w / tau
+    dh = dh + jnp.dot(g_z, w_c.astype(h.dtype).T, preferred_element_type=F32)
+    dw_c = jnp.dot(h.T, g_z, preferred_element_type=F32).astype(dw.dtype)  # [D, C]
+    dw = jax.lax.dynamic_update_slice_in_dim(dw, dw_c, start, axis=1)
+    return (dh, dw), None
 
-    init = (jnp.zeros(h.shape, F32), jnp.zeros(w.shape, w.dtype))
-    (dh, dw), _, _ = _scan_chunks(body, init, w, chunk_size)
-    return dh.astype(h.dtype), dw, None
+  init = (jnp.zeros(h.shape, F32), jnp.zeros(w.shape, w.dtype))
+  (dh, dw), _, _ = _scan_chunks(body, init, w, chunk_size)
+  return dh.astype(h.dtype), dw, None
 
 
 _logp_entropy.defvjp(_fwd, _bwd)
 
 
 def token_logprobs(h, w, targets, *, temperature=1.0, chunk_size=8192, with_entropy=False):
-    """log softmax(h @ w / temperature)[target] for every position.
+  """log softmax(h @ w / temperature)[target] for every position.
 
-    h [..., D] hidden states, w [D, V] output embedding, targets [...] int token ids.
-    Returns logp [...] float32, or (logp, entropy) with with_entropy=True. Differentiable in h and w.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    lead = targets.shape
-    h2 = h.reshape(-1, h.shape[-1])
-    t2 = targets.reshape(-1).astype(jnp.int32)
-    logp, ent = _logp_entropy(h2, w, t2, 1.0 / float(temperature), int(chunk_size))
-    logp = logp.reshape(lead)
-    return (logp, ent.reshape(lead)) if with_entropy else logp
+  h [..., D] hidden states, w [D, V] output embedding, targets [...] int token ids.
+  Returns logp [...] float32, or (logp, entropy) with with_entropy=True. Differentiable in h and w.
+  """
+  if temperature <= 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}")
+  lead = targets.shape
+  h2 = h.reshape(-1, h.shape[-1])
+  t2 = targets.reshape(-1).astype(jnp.int32)
+  logp, ent = _logp_entropy(h2, w, t2, 1.0 / float(temperature), int(chunk_size))
+  logp = logp.reshape(lead)
+  return (logp, ent.reshape(lead)) if with_entropy else logp
 
 
 def naive_token_logprobs(h, w, targets, *, temperature=1.0, with_entropy=False):
-    """Reference: the full [..., V] logits, float32. For tests and benchmarks."""
-    z = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=F32) / temperature
-    logp_all = jax.nn.log_softmax(z, axis=-1)
-    logp = jnp.take_along_axis(logp_all, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    if not with_entropy:
-        return logp
-    return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  """Reference: the full [..., V] logits, float32. For tests and benchmarks."""
+  z = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=F32) / temperature
+  logp_all = jax.nn.log_softmax(z, axis=-1)
+  logp = jnp.take_along_axis(logp_all, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  if not with_entropy:
+    return logp
+  return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
 
 
 def response_logprobs(params, config, tokens_bl, attn_bl, response_len, *, temperature=1.0,
                       chunk_size=8192, with_entropy=False):
-    """Log-probs of the last `response_len` positions of each row (the response block).
+  """Log-probs of the last `response_len` positions of each row (the response block).
 
-    tokens_bl / attn_bl [B, L]: prompt left-padded, response right-padded (see rl/batch.py), so the
-    response occupies columns L-R .. L-1 in every row. Only the R hidden states that predict them go
-    through the vocabulary projection. Returns [B, R] (and entropy [B, R]).
-    """
-    length = tokens_bl.shape[1]
-    hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
-    h_brd = hidden[:, length - response_len - 1:length - 1]
-    targets_br = tokens_bl[:, length - response_len:]
-    w_dv = qwen2.output_embedding(params, config)
-    return token_logprobs(h_brd, w_dv, targets_br, temperature=temperature, chunk_size=chunk_size,
-                          with_entropy=with_entropy)
+  tokens_bl / attn_bl [B, L]: prompt left-padded, response right-padded (see rl/batch.py), so the
+  response occupies columns L-R .. L-1 in every row. Only the R hidden states that predict them go
+  through the vocabulary projection. Returns [B, R] (and entropy [B, R]).
+  """
+  length = tokens_bl.shape[1]
+  hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
+  h_brd = hidden[:, length - response_len - 1:length - 1]
+  targets_br = tokens_bl[:, length - response_len:]
+  w_dv = qwen2.output_embedding(params, config)
+  return token_logprobs(h_brd, w_dv, targets_br, temperature=temperature, chunk_size=chunk_size,
+                        with_entropy=with_entropy)

@@ -5,7 +5,8 @@ All per-token arrays are `[B, R]` over the response tokens (R = padded response 
 `mask_br` is 1 on real response tokens. Advantages are per sample `[B]` or per token `[B, R]`.
 
 Numerics: every exponent goes through `jnp.where(mask, x, 0)` *before* `exp`, so padded or masked
-positions can hold anything (-inf, NaN, huge) and still give a finite loss and exactly zero gradient.
+positions can hold anything (-inf, NaN, huge) and still give a finite loss and exactly zero
+gradient.
 
 Aggregation with gradient accumulation: pass `token_denom` / `seq_denom` = the counts over the whole
 optimizer mini-batch, then the per-micro-batch losses (and metrics) simply add up to the mini-batch
@@ -24,117 +25,118 @@ _MAX_LOG_RATIO = 20.0
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.3
-    dual_clip_c: Optional[float] = 10.0  # None disables dual clipping; must be > 1
-    agg: str = "token_mean"  # or "seq_mean" (mean over samples of each sample's token mean)
-    kl_coef: float = 0.0
-    kl_type: str = "low_var_kl"  # "k1" or "low_var_kl" (k3)
-    entropy_coef: float = 0.0
-    low_prob_mask: bool = True
-    low_prob_delta: float = -5.0
+  clip_eps_low: float = 0.2
+  clip_eps_high: float = 0.3
+  dual_clip_c: Optional[float] = 10.0  # None disables dual clipping; must be > 1
+  agg: str = "token_mean"  # or "seq_mean" (mean over samples of each sample's token mean)
+  kl_coef: float = 0.0
+  kl_type: str = "low_var_kl"  # "k1" or "low_var_kl" (k3)
+  entropy_coef: float = 0.0
+  low_prob_mask: bool = True
+  low_prob_delta: float = -5.0
 
-    def __post_init__(self):
-        if self.agg not in ("token_mean", "seq_mean"):
-            raise ValueError(f"LossConfig.agg must be 'token_mean' or 'seq_mean', got {self.agg!r}")
-        if self.kl_type not in ("k1", "low_var_kl"):
-            raise ValueError(f"LossConfig.kl_type must be 'k1' or 'low_var_kl', got {self.kl_type!r}")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
-            raise ValueError(f"LossConfig.dual_clip_c must be > 1 or None, got {self.dual_clip_c}")
+  def __post_init__(self):
+    if self.agg not in ("token_mean", "seq_mean"):
+      raise ValueError(f"LossConfig.agg must be 'token_mean' or 'seq_mean', got {self.agg!r}")
+    if self.kl_type not in ("k1", "low_var_kl"):
+      raise ValueError(f"LossConfig.kl_type must be 'k1' or 'low_var_kl', got {self.kl_type!r}")
+    if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
+      raise ValueError(f"LossConfig.dual_clip_c must be > 1 or None, got {self.dual_clip_c}")
 
 
 def low_prob_keep(old_logp_br, mask_br, delta):
-    """[B] bool: False for a sample whose minimum old log-prob over its response is below delta."""
-    m = mask_br > 0
-    min_logp = jnp.min(jnp.where(m, old_logp_br, jnp.inf), axis=-1)
-    return ~(min_logp < delta)  # samples without response tokens (min = inf) are kept
+  """[B] bool: False for a sample whose minimum old log-prob over its response is below delta."""
+  m = mask_br > 0
+  min_logp = jnp.min(jnp.where(m, old_logp_br, jnp.inf), axis=-1)
+  return ~(min_logp < delta)  # samples without response tokens (min = inf) are kept
 
 
 def apply_low_prob_mask(mask_br, old_logp_br, cfg: LossConfig):
-    """Returns (mask_br with low-probability samples zeroed, masked_b bool of the samples removed)."""
-    had_tokens = jnp.any(mask_br > 0, axis=-1)
-    if not cfg.low_prob_mask:
-        return mask_br, jnp.zeros_like(had_tokens)
-    keep = low_prob_keep(old_logp_br, mask_br, cfg.low_prob_delta)
-    return mask_br * keep[:, None].astype(mask_br.dtype), had_tokens & ~keep
+  """Returns (mask_br with low-probability samples zeroed, masked_b bool of the samples removed)."""
+  had_tokens = jnp.any(mask_br > 0, axis=-1)
+  if not cfg.low_prob_mask:
+    return mask_br, jnp.zeros_like(had_tokens)
+  keep = low_prob_keep(old_logp_br, mask_br, cfg.low_prob_delta)
+  return mask_br * keep[:, None].astype(mask_br.dtype), had_tokens & ~keep
 
 
 def kl_penalty(logp_br, ref_logp_br, mask_br, kl_type):
-    """Per-token KL(pi || ref) estimate; zero where masked."""
-    m = mask_br > 0
-    if kl_type == "k1":
-        return jnp.where(m, logp_br - ref_logp_br, 0.0)
-    # k3 / "low_var_kl": exp(ref - logp) - (ref - logp) - 1, clamped like verl to [-10, 10].
-    d = jnp.clip(jnp.where(m, ref_logp_br - logp_br, 0.0), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return jnp.where(m, jnp.clip(jnp.exp(d) - d - 1.0, -10.0, 10.0), 0.0)
+  """Per-token KL(pi || ref) estimate; zero where masked."""
+  m = mask_br > 0
+  if kl_type == "k1":
+    return jnp.where(m, logp_br - ref_logp_br, 0.0)
+  # k3 / "low_var_kl": exp(ref - logp) - (ref - logp) - 1, clamped like verl to [-10, 10].
+  d = jnp.clip(jnp.where(m, ref_logp_br - logp_br, 0.0), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+  return jnp.where(m, jnp.clip(jnp.exp(d) - d - 1.0, -10.0, 10.0), 0.0)
 
 
 def aggregate(x_br, mask_br, agg, token_denom=None, seq_denom=None):
-    """Token-mean: sum(x*m)/token_denom. Seq-mean: sum_b(tokmean_b)/seq_denom over samples with tokens."""
-    m = mask_br > 0
-    xm = jnp.where(m, x_br, 0.0)
-    if agg == "token_mean":
-        denom = jnp.sum(m) if token_denom is None else token_denom
-        return jnp.sum(xm) / jnp.maximum(denom, 1)
-    n_b = jnp.sum(m, axis=-1)
-    per_seq = jnp.sum(xm, axis=-1) / jnp.maximum(n_b, 1)
-    denom = jnp.sum(n_b > 0) if seq_denom is None else seq_denom
-    return jnp.sum(per_seq) / jnp.maximum(denom, 1)
+  """token_mean: sum(x*m) / token_denom. seq_mean: sum over samples with tokens of their token
+  mean, / seq_denom."""
+  m = mask_br > 0
+  xm = jnp.where(m, x_br, 0.0)
+  if agg == "token_mean":
+    denom = jnp.sum(m) if token_denom is None else token_denom
+    return jnp.sum(xm) / jnp.maximum(denom, 1)
+  n_b = jnp.sum(m, axis=-1)
+  per_seq = jnp.sum(xm, axis=-1) / jnp.maximum(n_b, 1)
+  denom = jnp.sum(n_b > 0) if seq_denom is None else seq_denom
+  return jnp.sum(per_seq) / jnp.maximum(denom, 1)
 
 
 def policy_loss(logp_br, old_logp_br, adv, mask_br, cfg: LossConfig, *, ref_logp_br=None,
                 entropy_br=None, sampler_logp_br=None, token_denom=None, seq_denom=None):
-    """PPO-clip loss. `mask_br` is the final response mask (low-prob mask already applied).
+  """PPO-clip loss. `mask_br` is the final response mask (low-prob mask already applied).
 
-    Returns (loss scalar, metrics dict of scalars). Mean metrics use the same token denominator as
-    the loss (so they add up across micro-batches); `ratio_max` is a max.
-    """
-    m = mask_br > 0
-    adv_br = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp_br.shape)
-    adv_br = jnp.where(m, adv_br, 0.0)
-    log_ratio = jnp.where(m, logp_br - old_logp_br, 0.0)
-    ratio = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+  Returns (loss scalar, metrics dict of scalars). Mean metrics use the same token denominator as
+  the loss (so they add up across micro-batches); `ratio_max` is a max.
+  """
+  m = mask_br > 0
+  adv_br = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp_br.shape)
+  adv_br = jnp.where(m, adv_br, 0.0)
+  log_ratio = jnp.where(m, logp_br - old_logp_br, 0.0)
+  ratio = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
 
-    lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
-    surr_unclipped = -adv_br * ratio
-    surr_clipped = -adv_br * jnp.clip(ratio, lo, hi)
-    pg = jnp.maximum(surr_unclipped, surr_clipped)
-    negative = adv_br < 0
-    if cfg.dual_clip_c is not None:
-        pg = jnp.where(negative, jnp.minimum(pg, -adv_br * cfg.dual_clip_c), pg)
-        dual = m & negative & (ratio > cfg.dual_clip_c)
-    else:
-        dual = jnp.zeros_like(m)
-    pg = jnp.where(m, pg, 0.0)
+  lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
+  surr_unclipped = -adv_br * ratio
+  surr_clipped = -adv_br * jnp.clip(ratio, lo, hi)
+  pg = jnp.maximum(surr_unclipped, surr_clipped)
+  negative = adv_br < 0
+  if cfg.dual_clip_c is not None:
+    pg = jnp.where(negative, jnp.minimum(pg, -adv_br * cfg.dual_clip_c), pg)
+    dual = m & negative & (ratio > cfg.dual_clip_c)
+  else:
+    dual = jnp.zeros_like(m)
+  pg = jnp.where(m, pg, 0.0)
 
-    loss = aggregate(pg, mask_br, cfg.agg, token_denom, seq_denom)
-    tok_mean = lambda x: aggregate(x, mask_br, "token_mean", token_denom)  # noqa: E731
-    metrics = {
-        "pg_loss": loss,
-        "clipfrac_low": tok_mean((negative & (ratio < lo)).astype(jnp.float32)),
-        "clipfrac_high": tok_mean(((adv_br > 0) & (ratio > hi)).astype(jnp.float32)),
-        "clipfrac_dual": tok_mean(dual.astype(jnp.float32)),
-        "ratio_mean": tok_mean(ratio),
-        "ratio_max": jnp.max(jnp.where(m, ratio, 0.0)),
-        # k3 estimate of KL(old || current): nonnegative, low variance.
-        "approx_kl": tok_mean(ratio - 1.0 - log_ratio),
-    }
-    if ref_logp_br is not None:
-        kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_type)
-        kl_loss = aggregate(kl, mask_br, cfg.agg, token_denom, seq_denom)
-        metrics["kl_ref"] = kl_loss
-        if cfg.kl_coef:
-            loss = loss + cfg.kl_coef * kl_loss
-    elif cfg.kl_coef:
-        raise ValueError("LossConfig.kl_coef > 0 needs ref_logp_br (reference-policy log-probs)")
-    if entropy_br is not None:
-        ent = aggregate(entropy_br, mask_br, cfg.agg, token_denom, seq_denom)
-        metrics["entropy"] = ent
-        if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * ent
-    elif cfg.entropy_coef:
-        raise ValueError("LossConfig.entropy_coef > 0 needs entropy_br")
-    if sampler_logp_br is not None:
-        metrics["sampler_logp_absdiff"] = tok_mean(jnp.abs(sampler_logp_br - old_logp_br))
-    metrics["loss"] = loss
-    return loss, metrics
+  loss = aggregate(pg, mask_br, cfg.agg, token_denom, seq_denom)
+  tok_mean = lambda x: aggregate(x, mask_br, "token_mean", token_denom)  # noqa: E731
+  metrics = {
+      "pg_loss": loss,
+      "clipfrac_low": tok_mean((negative & (ratio < lo)).astype(jnp.float32)),
+      "clipfrac_high": tok_mean(((adv_br > 0) & (ratio > hi)).astype(jnp.float32)),
+      "clipfrac_dual": tok_mean(dual.astype(jnp.float32)),
+      "ratio_mean": tok_mean(ratio),
+      "ratio_max": jnp.max(jnp.where(m, ratio, 0.0)),
+      # k3 estimate of KL(old || current): nonnegative, low variance.
+      "approx_kl": tok_mean(ratio - 1.0 - log_ratio),
+  }
+  if ref_logp_br is not None:
+    kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_type)
+    kl_loss = aggregate(kl, mask_br, cfg.agg, token_denom, seq_denom)
+    metrics["kl_ref"] = kl_loss
+    if cfg.kl_coef:
+      loss = loss + cfg.kl_coef * kl_loss
+  elif cfg.kl_coef:
+    raise ValueError("LossConfig.kl_coef > 0 needs ref_logp_br (reference-policy log-probs)")
+  if entropy_br is not None:
+    ent = aggregate(entropy_br, mask_br, cfg.agg, token_denom, seq_denom)
+    metrics["entropy"] = ent
+    if cfg.entropy_coef:
+      loss = loss - cfg.entropy_coef * ent
+  elif cfg.entropy_coef:
+    raise ValueError("LossConfig.entropy_coef > 0 needs entropy_br")
+  if sampler_logp_br is not None:
+    metrics["sampler_logp_absdiff"] = tok_mean(jnp.abs(sampler_logp_br - old_logp_br))
+  metrics["loss"] = loss
+  return loss, metrics

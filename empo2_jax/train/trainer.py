@@ -259,7 +259,7 @@ class Trainer:
         if self._sigterm or last or (every_ckpt and self.iteration % every_ckpt == 0):
           self.save_checkpoint(wait=self._sigterm)
         if self._sigterm:
-          self.preempted = True
+          self.preempted = self.iteration < total
           break
       if self.episode_log is not None and not self.preempted:
         self.episode_log.build_dataset()
