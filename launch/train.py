@@ -53,7 +53,11 @@ def main(argv):
     sys.exit(f"error: {e}")
   # Resume order: the newest restorable checkpoint in the workdir (a corrupt one falls back to
   # the step before, with a warning), else a fresh start from the config.
-  step = trainer.resume()
+  try:
+    step = trainer.resume()
+  except RuntimeError as e:      # checkpoints there, none restorable: say so, start nothing
+    trainer.close()
+    sys.exit(f"error: {e}")
   if step is not None:
     print(f"resumed from {trainer.checkpointer.directory / str(step)} at iteration {step}",
           flush=True)

@@ -1,7 +1,7 @@
 """Partition rules: (regex on a param's path, PartitionSpec), first match wins.
 
 Paths are the pytree keys joined by "/" ("layers/wq", "embed"); a rule matches a path's suffix,
-so the optimizer state (optax AdamW's mu/nu mirror the params: "0/mu/layers/wq") follows its
+so the optimizer state (AdamW mu/nu mirror the params: "opt_state/1/0/mu/layers/wq") follows its
 params with the same rules. Every matrix puts `fsdp` on its large (model-width) dimension and
 `tensor` on heads / MLP hidden / vocab; the leading stacked-layer axis of layers/* is never
 sharded. A dimension that its mesh axes do not divide raises an error naming the param — never a
