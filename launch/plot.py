@@ -19,9 +19,11 @@ import numpy as np
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
 METRICS = "metrics.jsonl"
 PHASE_SKIP = ("time/iteration",)      # the total, not a phase
+MARKERS = "osD^vP*Xh<>"               # runs that coincide stay visible
 
 
 def read_run(workdir: str) -> list[dict]:
@@ -73,7 +75,8 @@ def plot_lines(ax, runs, key, title, window, eval_key=None):
     color = f"C{i % 10}"
     x, y = series(recs, key)
     if len(x):
-      ax.plot(x, smooth(y, window), color=color, label=name, lw=1.6)
+      ax.plot(x, smooth(y, window), color=color, label=name, lw=1.6,
+              marker=MARKERS[i % len(MARKERS)], ms=9 - 1.5 * (i % 4), mfc="none")
       drawn = True
     if eval_key:
       x, y = series(recs, eval_key)
@@ -82,6 +85,10 @@ def plot_lines(ax, runs, key, title, window, eval_key=None):
         drawn = True
   ax.set_title(title)
   ax.set_xlabel("iteration")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  fmt = ScalarFormatter(useOffset=False)
+  fmt.set_scientific(False)
+  ax.yaxis.set_major_formatter(fmt)
   ax.grid(alpha=0.3)
   if drawn:
     ax.legend(fontsize=7)
@@ -90,7 +97,10 @@ def plot_lines(ax, runs, key, title, window, eval_key=None):
             transform=ax.transAxes)
 
 
-def phase_means(recs: list[dict]) -> dict[str, float]:
+def phase_means(recs: list[dict], skip_first: bool = True) -> dict[str, float]:
+  """Mean seconds per phase; the first iteration (compilation) is left out when there are more."""
+  if skip_first and len(recs) > 1:
+    recs = recs[1:]
   keys = sorted({k for r in recs for k in r if k.startswith("time/") and k not in PHASE_SKIP})
   return {k: float(np.mean([r[k] for r in recs if isinstance(r.get(k), (int, float))]))
           for k in keys}
@@ -105,7 +115,7 @@ def plot_phases(ax, runs):
     vals = np.array([phases[n].get(k, 0.0) for n in names])
     ax.bar(names, vals, bottom=bottom, label=k[len("time/"):], color=f"C{j % 10}")
     bottom += vals
-  ax.set_title("time per iteration by phase (mean)")
+  ax.set_title("time per iteration by phase (mean of iterations >= 2)")
   ax.set_ylabel("seconds")
   ax.tick_params(axis="x", labelrotation=20, labelsize=7)
   if keys:
