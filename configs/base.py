@@ -24,7 +24,7 @@ def get_config(arg=None):
                # hashCode=2 (constant identity hash): the simulator lists objects in hash-set order,
                # which otherwise depends on the JVM's history; with it a reset is reproducible in any
                # JVM, so a resumed run sees the observations an uninterrupted one sees.
-               java_tool_options="-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2")
+               java_tool_options="-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2")  # see envs/scienceworld.py
 
   # One iteration: rows_per_iter task rows x group_size rollouts (SPEC §1).
   c.rollout = dict(rows_per_iter=16, group_size=8, temperature=1.0, top_p=1.0, top_k=0,

@@ -26,13 +26,14 @@ import traceback
 from typing import Any, Sequence
 
 from empo2_jax.envs.base import ResetInfo, ResetResult, StepInfo, StepResult, check_task
-from empo2_jax.envs.scienceworld import ALL_TASKS, SciWorldConfig, SciWorldEnv, ScienceWorldJvm
+from empo2_jax.envs.scienceworld import (ALL_TASKS, DEFAULT_JAVA_OPTIONS, SciWorldConfig,
+                                        SciWorldEnv, ScienceWorldJvm)
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
   num_workers: int = 4
-  java_tool_options: str = "-Xmx512m"  # JAVA_TOOL_OPTIONS of every worker's JVM
+  java_tool_options: str = DEFAULT_JAVA_OPTIONS  # JAVA_TOOL_OPTIONS of every worker's JVM
   call_timeout_s: float = 120.0        # a worker silent this long on a step call counts as hung
   reset_timeout_s: float = 300.0       # the same for reset/replay calls (loads warm up the JIT)
   start_timeout_s: float = 180.0       # worker start-up, JVM included

@@ -7,9 +7,10 @@ numbers are the library's. Valid actions are fetched only when the parser reject
 and it must be corrected (`actions.correct_action`).
 
 One JVM can host many episodes: every `SciWorldEnv` owns a `PythonInterface` of its own, and several
-envs may share one `ScienceWorldJvm` (the process pool does this). Observation text may list objects
-in a different order from run to run of the same variation (the simulator's own behaviour); the
-scores do not change.
+envs may share one `ScienceWorldJvm` (the process pool does this). The simulator orders a room's
+objects by Java identity hash codes, so without care the same variation reads differently in
+processes with different histories; DEFAULT_JAVA_OPTIONS pins the hash (-XX:hashCode=2) so that
+observations do not depend on what the JVM ran before (needed for exact resume).
 """
 from __future__ import annotations
 
@@ -53,6 +54,11 @@ PAPER_TASKS: tuple[str, ...] = (
     "use-thermometer",
 )
 
+# JVM options of every ScienceWorld process. The simulator lists a room's objects in an order that
+# depends on Java identity hash codes, i.e. on what the process did before; hashCode=2 (a constant)
+# makes observations independent of the process's history, which exact resume needs.
+DEFAULT_JAVA_OPTIONS = "-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
+
 FAILURE_SCORE = -100  # what the simulator reports when the task is failed (e.g. wrong focus)
 
 
@@ -70,7 +76,7 @@ class SciWorldConfig:
   num_test_rows: int = 20            # first test variations used for evaluation
   success_score: int = 70            # success = done and score > success_score
   fallback_action: str = actions.DEFAULT_FALLBACK_ACTION
-  java_tool_options: str = "-Xmx512m"
+  java_tool_options: str = DEFAULT_JAVA_OPTIONS
 
   def __post_init__(self):
     for task, _ in self.max_steps_overrides:
@@ -107,7 +113,7 @@ class ScienceWorldJvm:
   """One ScienceWorld JVM behind a py4j gateway, in its own process group (Ctrl-C spares it; the
   owner closes it). It exits by itself when its owner process dies (py4j --die-on-broken-pipe)."""
 
-  def __init__(self, java_tool_options: str | None = "-Xmx512m"):
+  def __init__(self, java_tool_options: str | None = DEFAULT_JAVA_OPTIONS):
     with _env_var("JAVA_TOOL_OPTIONS", java_tool_options):
       port, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH,
                                   return_proc=True, create_new_process_group=True)
