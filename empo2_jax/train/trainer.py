@@ -219,21 +219,25 @@ class Trainer:
     self.last_episodes = episodes
     return out
 
-  def evaluate(self, with_memory: bool = False) -> dict:
-    """Test variations, temperature eval_temperature, WITHOUT memory unless asked (SPEC §1)."""
+  def eval_episodes(self, with_memory: bool = False):
+    """Test variations x eval_repeats at eval_temperature; WITHOUT memory unless asked (SPEC §1).
+    Memory is read, never written, during evaluation."""
     c = self.config
     specs = [(c.env.task, v, g) for g, v in enumerate(self.test_rows)
              for _ in range(c.train.eval_repeats)]
+    return self.actor.rollout(self.state.params, self.model_config, specs,
+                              use_memory=with_memory, temperature=c.train.eval_temperature,
+                              rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
+                              mode="eval", reflect=False)
+
+  def evaluate(self, with_memory: bool = False) -> dict:
     t0 = time.perf_counter()
-    episodes = self.actor.rollout(self.state.params, self.model_config, specs,
-                                  use_memory=with_memory, temperature=c.train.eval_temperature,
-                                  rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
-                                  mode="eval", reflect=False)
+    episodes = self.eval_episodes(with_memory)
     returns = np.array([e.episode_return for e in episodes])
     tag = "eval_mem" if with_memory else "eval"
     return {f"{tag}/return_mean": float(returns.mean()), f"{tag}/return_std": float(returns.std()),
             f"{tag}/success": float(np.mean([e.success for e in episodes])),
-            f"{tag}/episodes": len(episodes), "time/eval": time.perf_counter() - t0}
+            f"{tag}/episodes": len(episodes), f"time/{tag}": time.perf_counter() - t0}
 
   def run(self, iterations: Optional[int] = None) -> list[dict]:
     c = self.config

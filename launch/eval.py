@@ -1,0 +1,65 @@
+"""Evaluate a run's latest checkpoint on its task's test variations: the paper's Table 1 shape.
+
+  python launch/eval.py --config=configs/sciworld.py:cpu --workdir=runs/cpu [--memory=both]
+
+Uses the same --config (and overrides) as training. Loads the newest restorable checkpoint of
+--workdir (or the config's initial policy if there is none, with a warning), runs
+test variations x train.eval_repeats episodes at train.eval_temperature, without memory, with the
+run's memory, or both, and prints a markdown table (per task: return mean ± std, success rate).
+The table is also written to <workdir>/eval/table.md and table.csv.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file (path[:arg])",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "the training run's workdir", required=True)
+_MEMORY = flags.DEFINE_enum("memory", "without", ["without", "with", "both"],
+                            "evaluate without the run's memory (the paper's number), with it, "
+                            "or both")
+
+
+def main(argv):
+  del argv
+  from empo2_jax.train import evaluate
+  from empo2_jax.train.build import ConfigError
+  from empo2_jax.train.trainer import Trainer
+  config = _CONFIG.value
+  try:
+    trainer = Trainer(config, _WORKDIR.value, progress=False)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
+  try:
+    step = trainer.resume()
+    if step is None:
+      print(f"warning: no checkpoint in {_WORKDIR.value}; evaluating the initial policy",
+            file=sys.stderr)
+    settings = {"without": [False], "with": [True], "both": [False, True]}[_MEMORY.value]
+    rows = []
+    for with_memory in settings:
+      episodes = trainer.eval_episodes(with_memory)
+      rows.append(evaluate.summarize(config.env.task,
+                                     "with memory" if with_memory else "no memory",
+                                     [e.episode_return for e in episodes],
+                                     [e.success for e in episodes]))
+  finally:
+    trainer.close()
+  rows = evaluate.with_average(rows)
+  out_dir = os.path.join(_WORKDIR.value, "eval")
+  os.makedirs(out_dir, exist_ok=True)
+  md = evaluate.table_markdown(rows)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(md)
+  with open(os.path.join(out_dir, "table.csv"), "w") as f:
+    f.write(evaluate.table_csv(rows))
+  print(f"iteration {trainer.iteration} of {_WORKDIR.value}")
+  print(md, end="")
+
+
+if __name__ == "__main__":
+  app.run(main)
