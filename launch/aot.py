@@ -16,7 +16,14 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")    # not on a TPU VM: skip the 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chip to lock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import importlib  # noqa: E402
+
 from empo2_jax.parallel import aot  # noqa: E402
+
+# Modules that register further programs (train_step: the EMPO2 update; sampler, sampler_prefill).
+PROGRAM_MODULES = ("empo2_jax.rl.aot", "empo2_jax.sampling.aot")
+for _module in PROGRAM_MODULES:
+  importlib.import_module(_module)
 
 
 def main(argv=None) -> int:

@@ -63,7 +63,8 @@ def test_topology_errors_are_clear():
   rc, _, err = aot("--program=forward", *TINY[:1], "--topology=v5e:3x3", "--batch=8", "--seq=8")
   assert rc == 2 and "libtpu could not build topology 'v5e:3x3'" in err
   rc, _, err = aot("--program=nope", *TINY)
-  assert rc == 2 and "registered: ['forward', 'lm_train_step']" in err
+  assert rc == 2 and "unknown program 'nope'; registered: [" in err
+  assert all(f"'{p}'" in err for p in ("forward", "lm_train_step", "train_step", "sampler"))
 
 
 @pytest.mark.slow

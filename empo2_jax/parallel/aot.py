@@ -143,7 +143,10 @@ def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, floa
     costs.append((float(cost.get("flops", 0.0)), float(cost.get("optimal_seconds", 0.0))))
   (f1, s1), (f2, s2) = costs
   extra = config.num_layers - 1
-  return m * (f1 + extra * (f2 - f1)), m * (s1 + extra * (s2 - s1))
+  seconds = m * (s1 + extra * (s2 - s1))
+  if min(s1, s2, seconds) <= 0:  # libtpu's time model returns negative times for some chips (v5e)
+    seconds = float("nan")
+  return m * (f1 + extra * (f2 - f1)), seconds
 
 
 def compile_program(req: AotRequest) -> dict:
@@ -219,7 +222,8 @@ def format_report(r: dict, req: AotRequest) -> str:
       f"per chip: {r['per_chip_gib']:.3f} GiB of {r['hbm_gib']} GiB HBM -> "
       f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
       (f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
-       f"estimated {r['est_seconds']:.3f}s per call" if req.cost_probe else
+       + (f"estimated {r['est_seconds']:.3f}s per call" if r["est_seconds"] > 0 else
+          "no time estimate (libtpu's cost model gave a time <= 0)") if req.cost_probe else
        f"cost probe off: no compiler flops / time (model flops {r['model_flops']:.3e})"),
       _last_line(r),
   ]

@@ -52,6 +52,8 @@ class NonFiniteError(FloatingPointError):
 class Trainer:
 
   def __init__(self, config, workdir: str, *, progress: bool = True):
+    if "://" not in str(workdir):      # orbax wants absolute local paths
+      workdir = os.path.abspath(workdir)
     self.config, self.workdir = config, workdir
     build.check_config(config)            # fails at once on a missing checkpoint, bad mode, ...
     os.makedirs(workdir, exist_ok=True)
