@@ -24,7 +24,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
 train: $(STAMP)
-	$(PY) launch/train.py --config=configs/sciworld.py:cpu --workdir=runs/cpu
+	JAX_PLATFORMS=cpu $(PY) launch/train.py --config=configs/sciworld.py:cpu --workdir=runs/cpu
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file (path[:arg])",
@@ -26,6 +26,8 @@ _MEMORY = flags.DEFINE_enum("memory", "without", ["without", "with", "both"],
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:     # keep orbax's INFO lines out of the way
+    logging.set_verbosity(logging.WARNING)
   from empo2_jax.train import evaluate
   from empo2_jax.train.build import ConfigError
   from empo2_jax.train.trainer import Trainer

@@ -23,6 +23,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "config file (path[:ar
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "where metrics and checkpoints go")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "disable the progress bar")
+_MULTIHOST = flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first (TPU pod "
+                               "slices: run the same command on every host)")
 
 
 def _check_overrides(argv_full, config) -> None:
@@ -43,10 +45,15 @@ def _check_overrides(argv_full, config) -> None:
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:     # keep orbax's INFO lines out of the way
+    logging.set_verbosity(logging.WARNING)
   from empo2_jax.train.build import ConfigError
   from empo2_jax.train.trainer import Trainer
   config = _CONFIG.value
   logging.info("config:\n%s", config)
+  if _MULTIHOST.value:
+    from empo2_jax.parallel.mesh import initialize_distributed
+    initialize_distributed()
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=not _NO_PROGRESS.value)
   except ConfigError as e:

@@ -93,8 +93,9 @@ class Actor:
 
   def __init__(self, pool, tokenizer, materials: dict, memory: Optional[Memory] = None,
                settings: ActorSettings = ActorSettings(),
-               sampler_settings: SamplerSettings = SamplerSettings()):
+               sampler_settings: SamplerSettings = SamplerSettings(), mesh=None):
     self.pool, self.tok, self.materials = pool, tokenizer, materials
+    self.mesh = mesh
     self.memory, self.settings = memory, settings
     self.sampler_settings = dataclasses.replace(sampler_settings,
                                                 cache_dtype=settings.cache_dtype)
@@ -129,7 +130,7 @@ class Actor:
       e.env_failed = r.info.env_failed
       e.done = e.env_failed
     session = Session(params, model_config, num_rows=len(episodes), max_tokens=s.max_context,
-                      settings=self.sampler_settings)
+                      settings=self.sampler_settings, mesh=self.mesh)
     keep = {}
     stats = {"retrieved": 0, "memory_steps": 0, "steps": 0}
     step_i = 0

@@ -68,7 +68,11 @@ def tokenizer(c):
 
 
 def mesh(c):
-  """The device mesh of config.mesh (single device: None, jit follows the inputs)."""
+  """The device mesh of config.mesh (single device: None, jit follows the inputs).
+
+  Multi-host: call empo2_jax.parallel.mesh.initialize_distributed() first (launch/train.py does
+  on TPU VMs with --multihost).
+  """
   if len(jax.devices()) == 1:
     return None
   from empo2_jax.parallel import mesh as mesh_lib

@@ -76,9 +76,8 @@ class Trainer:
         ratio_variant=c.empo2.ratio_variant, pad_id=self.tokenizer.pad_token_id,
         row_multiple=c.optim.num_minibatches * c.optim.micro_rows)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
-    self.state = update_lib.init_train_state(params, self.optimizer)
-    self.ref_params = jax.tree.map(jnp.copy, params) if c.loss.kl_coef else None
-    self._update = update_lib.make_update_fn(self.model_config, self.update_cfg, self.optimizer)
+    self.state, self._update = self._init_state(params)
+    self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
 
     self.pool, env = build.envs(c)
     task = c.env.task
@@ -92,7 +91,7 @@ class Trainer:
         top_p=c.rollout.top_p, top_k=c.rollout.top_k,
         tip_max_new_tokens=c.empo2.tip_max_new_tokens, tip_temperature=c.empo2.tip_temperature,
         intrinsic_scale=c.empo2.intrinsic_scale, intrinsic_reward=c.empo2.intrinsic_reward,
-        memory_key=c.empo2.memory_key, cache_dtype=c.rollout.cache_dtype))
+        memory_key=c.empo2.memory_key, cache_dtype=c.rollout.cache_dtype), mesh=self.mesh)
     self.rng = jax.random.PRNGKey(c.seed)
     self.iteration = 0
     self.row_cursor = 0
@@ -113,6 +112,22 @@ class Trainer:
       self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
 
   # ------------------------------------------------------------------------------------------
+  def _init_state(self, params):
+    """Train state and jitted update; on a multi-device mesh both follow the sharding rules
+    (params, AdamW moments: fsdp/tensor by regex; batches over data x fsdp)."""
+    init = lambda p: update_lib.init_train_state(p, self.optimizer)
+    if self.mesh is None:
+      return init(params), update_lib.make_update_fn(self.model_config, self.update_cfg,
+                                                     self.optimizer)
+    from empo2_jax.parallel import sharding as shd
+    params = shd.shard_tree(params, self.mesh)
+    state_sh = shd.tree_shardings(jax.eval_shape(init, params), self.mesh)
+    state = jax.jit(init, out_shardings=state_sh)(params)
+    update = update_lib.make_update_fn(self.model_config, self.update_cfg, self.optimizer,
+                                       batch_sharding=shd.batch_sharding(self.mesh),
+                                       state_sharding=state_sh)
+    return state, update
+
   def set_memory_store(self, store) -> None:
     """Swap in a restored memory; the index is rebuilt (its caches belong to the old store)."""
     from empo2_jax.memory.index import MemoryIndex
@@ -187,6 +202,9 @@ class Trainer:
     t0 = time.perf_counter()
     if bstats["n_samples"]:
       args = (self.ref_params,) if self.ref_params is not None else ()
+      if self.mesh is not None:
+        from empo2_jax.parallel import sharding as shd
+        batch = shd.shard_batch(batch, self.mesh)
       self.state, upd = self._update(self.state, batch, *args)
       upd = {f"loss/{k}": float(v) for k, v in jax.device_get(upd).items()}
     else:
