@@ -22,6 +22,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from empo2_jax.model import qwen2
 from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.parallel import sharding as shd
+# The same train state and optimizer (global-norm clip + AdamW) as the EMPO2 update.
+from empo2_jax.rl.update import TrainState as LMTrainState
+from empo2_jax.rl.update import make_optimizer  # noqa: F401  (takes LMTrainConfig too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,19 +37,6 @@ class LMTrainConfig:
   max_grad_norm: float = 1.0
   num_microbatches: int = 1   # gradient accumulation: rows per micro-batch = B / this
   loss_chunk: int = 512       # tokens per chunk of the vocab projection + cross-entropy
-
-
-class LMTrainState(NamedTuple):
-  params: Any
-  opt_state: Any
-  step: jax.Array  # int32 scalar
-
-
-def make_optimizer(cfg: LMTrainConfig) -> optax.GradientTransformation:
-  return optax.chain(
-      optax.clip_by_global_norm(cfg.max_grad_norm),
-      optax.adamw(cfg.learning_rate, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                  weight_decay=cfg.weight_decay))
 
 
 # ---------------------------------------------------------------------------------------------
