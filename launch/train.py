@@ -13,8 +13,12 @@ of valid keys at that level.
 """
 import os
 import sys
+import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# ScienceWorld starts its JVM with fork+exec; Python warns about fork in a threaded process, which
+# does not apply to an immediate exec.
+warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

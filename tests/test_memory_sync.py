@@ -1,4 +1,4 @@
-"""Multi-host gather of new memory entries (single process; two processes wait for the scale issue)."""
+"""Multi-host gather of new memory entries, single process (two: test_memory_sync_multiprocess.py)."""
 import numpy as np
 import pytest
 

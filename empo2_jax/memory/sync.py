@@ -5,7 +5,7 @@ the new entries (serialised to one uint8 buffer) through
 `jax.experimental.multihost_utils.process_allgather` and every host adds ALL hosts' entries to its own
 store in process order (0, 1, ...). Since the store is deterministic (FIFO + dedup), identical inputs in
 an identical order keep the stores identical. With one process the gather is the identity.
-Tested single-process here; a two-process test waits for the scale issue (jax.distributed set-up).
+Two processes are tested in tests/test_memory_sync_multiprocess.py (jax.distributed on CPU).
 """
 from __future__ import annotations
 
