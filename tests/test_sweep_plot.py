@@ -90,3 +90,34 @@ def test_plot_four_runs(tmp_path):
   assert [r["iteration"] for r in recs] == list(range(1, 13))
   with pytest.raises(SystemExit, match="metrics.jsonl"):
     plot.find_runs([str(tmp_path / "nothing")])
+
+
+@pytest.mark.slow
+def test_real_tiny4_sweep_then_plot(tmp_path):
+  """launch/sweep.py really runs the four tiny runs (one launch/train.py subprocess each, real
+  ScienceWorld, 2 iterations), then launch/plot.py compares them. Cheap env/rollout overrides go on
+  the sweep's command line, which passes them to every run."""
+  root, out = tmp_path / "tiny4", tmp_path / "plots"
+  cheap = ["--config.env.max_steps=1", "--config.rollout.rows_per_iter=1",
+           "--config.rollout.group_size=2", "--config.train.checkpoint_every=0", "--no_progress"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_FLAGS", None)
+  done = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "sweep.py"),
+                         f"--config={CONFIG}", f"--sweep={SWEEPS}:tiny4", f"--workdir={root}",
+                         *cheap], env=env, capture_output=True, text=True, timeout=900)
+  assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+  runs = json.loads((root / "sweep.json").read_text())
+  assert len(runs) == 4
+  names = sorted(d.name for d in root.iterdir() if d.is_dir())
+  assert names == sorted(r["name"] for r in runs) and len(names) == 4
+  for r in runs:
+    recs = plot.read_run(r["workdir"])
+    assert [x["iteration"] for x in recs] == [1, 2], r["name"]   # tiny4 sets train.iterations=2
+    assert all(x["episode_steps"] == 1.0 for x in recs)          # the cheap overrides reached it
+    assert all(np.isfinite(x["return_mean"]) and np.isfinite(x["loss/entropy"]) for x in recs)
+    if r["overrides"]["empo2.p_memory"] == 0.0:                  # no memory: GRPO, on-policy only
+      assert {x["mode"] for x in recs} == {"on"}, r["name"]
+  subprocess.run([sys.executable, os.path.join(ROOT, "launch", "plot.py"), f"--workdirs={root}",
+                  f"--out={out}"], env=env, check=True, timeout=120)
+  data = (out / "comparison.png").read_bytes()
+  assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, len(data)
