@@ -45,10 +45,12 @@ def get_config(arg=None):
                 kl_estimator="low_var_kl", entropy_coef=0.0, low_prob_mask=True, low_prob_delta=-5.0)
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
   c.optim = dict(lr=1e-6, weight_decay=0.01, b1=0.9, b2=0.999, grad_clip=1.0,
-                 num_minibatches=8, micro_rows=8, epochs=1, max_prompt_len=4500)
+                 num_minibatches=1, micro_rows=8, epochs=1, max_prompt_len=4500)
+  # num_minibatches: optimizer steps per iteration. The paper's mini-batch is 16 task rows, i.e. the
+  # whole iteration's batch: one step. micro_rows: turn samples per forward/backward.
 
   c.train = dict(iterations=250, eval_every=20, eval_temperature=0.4, eval_repeats=4,
                  eval_with_memory=False, eval_at_end=True, checkpoint_every=10, keep_checkpoints=3,
-                 log_every=1, save_episodes=False)   # save_episodes: TFDS dataset (data/trajectories.py)
+                 save_episodes=False)   # save_episodes: TFDS dataset (data/trajectories.py)
   c.lock()
   return c

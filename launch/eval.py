@@ -41,7 +41,10 @@ def main(argv):
   except ConfigError as e:
     sys.exit(f"error: {e}")
   try:
-    step = trainer.resume()
+    try:
+      step = trainer.resume(read_only=True)
+    except RuntimeError as e:     # checkpoints there, none restorable
+      sys.exit(f"error: {e}")
     if step is None:
       print(f"warning: no checkpoint in {_WORKDIR.value}; evaluating the initial policy",
             file=sys.stderr)

@@ -100,3 +100,11 @@ def test_tip_block():
     assert R.tip_block([]) == ""
     assert R.tip_block(["m1", "m2"]) == (
         "<tip> Here are some memories you collected in your previous exploration:\nm1\nm2\n</tip>")
+
+
+def test_clean_tip_removes_tip_tags_so_blocks_cannot_close_early():
+  from empo2_jax.rl.batch import strip_tips
+  tip = R.clean_tip("Open the door first </tip> then <tip> focus on the animal")
+  assert "<tip>" not in tip and "</tip>" not in tip
+  block = "<tip> memories:\n" + R.memory_text(tip, "open door", 8) + "\n</tip>\n"
+  assert strip_tips("Observation: hall\n\n" + block + "Act.") == "Observation: hall\n\nAct."

@@ -11,9 +11,13 @@ model text goes into the chat; the pool corrects it to a valid action (word-leve
 steps the simulators. After the last step, one more session call writes every episode's tip (the
 tip chat extends the cached history), and the tips go into memory (SPEC §2-3).
 
-Memory keys are our choice of "the episode so far": task, then the last observation/action lines,
-cut from the front to `key_chars` characters. The full chat would fill MiniLM's 256 word pieces with
-the first prompt's boilerplate (few-shot examples, templates) and make every key look alike.
+Memory keys are our choice of "the episode so far": the task line, then as many of the most recent
+observation/action lines as fit MiniLM's 256 word pieces (dropped from the front). The full chat
+would fill that window with the first prompt's boilerplate (few-shot examples, templates) and make
+every key look alike.
+
+Retrieval for a variation that has no memory slot of its own (test variations in an evaluation
+with memory) searches all of that task's slots and merges the hits by score.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ import jax
 
 from empo2_jax.agent import prompts
 from empo2_jax.envs.fewshot import PromptMaterial
-from empo2_jax.memory.reflect import MemoryWrite, clean_tip, commit, memory_text, tip_chat
+from empo2_jax.memory.reflect import (MemoryWrite, clean_tip, commit, format_score, memory_text,
+                                      tip_chat)
 from empo2_jax.memory.rewards import intrinsic_reward
 from empo2_jax.model.tokenizer import stop_ids
 from empo2_jax.rl.batch import Turn
@@ -70,6 +75,7 @@ class Episode:
   success: bool = False
   env_failed: bool = False
   tip: str = ""
+  final_observation: str = ""   # what the agent saw after its last action
 
   @property
   def episode_return(self) -> float:
@@ -86,7 +92,21 @@ class Memory:
     if not keys:
       return []
     emb = self.encoder.encode(list(keys))
-    return [[h.text for h in hits] for hits in self.index.search_batch(list(slots), emb)]
+    own = [self.store.slot(s) is not None for s in slots]
+    out = [[] for _ in keys]
+    idx = [i for i, ok in enumerate(own) if ok]
+    if idx:
+      hits = self.index.search_batch([slots[i] for i in idx], emb[idx])
+      for i, h in zip(idx, hits):
+        out[i] = [x.text for x in h]
+    for i, ok in enumerate(own):
+      if not ok:       # unseen variation: every slot of the task, merged by stored score
+        task_slots = [k for k in self.store.keys() if k[0] == slots[i][0]]
+        merged = [x for k, h in zip(task_slots, self.index.search_batch(
+            task_slots, np.repeat(emb[i:i + 1], len(task_slots), 0))) for x in h]
+        merged.sort(key=lambda x: -x.score)
+        out[i] = [x.text for x in merged[:self.index.cfg.top_k]]
+    return out
 
 
 class Actor:
@@ -108,10 +128,25 @@ class Actor:
     return self.tok(text, add_special_tokens=False)["input_ids"]
 
   def _key(self, ep: Episode, observation: str) -> str:
-    lines = ep.key_lines + [f"observation: {observation.strip()}"]
-    head = f"task: {self.materials[(ep.task, ep.variation)].task_description.strip()}\n"
-    tail = "\n".join(lines)[-self.settings.key_chars:]
-    return head + tail
+    """Task line + the most recent observation/action lines that fit the encoder's window.
+
+    Lines are dropped from the front, counted in the encoder's word pieces, so the current
+    observation (the most step-specific part) is never what gets truncated.
+    """
+    head = f"task: {self.materials[(ep.task, ep.variation)].task_description.strip()}"
+    lines = ep.key_lines + ([f"observation: {observation.strip()}"] if observation else [])
+    enc = self.memory.encoder if self.memory is not None else None
+    if enc is None:
+      return "\n".join([head] + lines)[-self.settings.key_chars:]
+    counts = [len(e.ids) - 2 for e in enc.tokenizer.encode_batch([head] + lines)]
+    budget = enc.cfg.max_seq_length - 2 - counts[0]
+    kept = []
+    for line, n in zip(reversed(lines), reversed(counts[1:])):
+      if n > budget and kept:
+        break
+      kept.append(line)
+      budget -= n
+    return "\n".join([head] + kept[::-1])
 
   def rollout(self, params, model_config, specs: Sequence[tuple[str, int, int]], *,
               use_memory: bool, temperature: float, rng: jax.Array, mode: str = "on",
@@ -182,6 +217,7 @@ class Actor:
         e.env_failed = e.env_failed or res.info.env_failed
         e.done = bool(res.done) or res.info.truncated or e.env_failed
         obs[i] = res.observation
+        e.final_observation = res.observation
         stats["retrieved"] += n_ret
         stats["memory_steps"] += int(use_memory)
         stats["steps"] += 1
@@ -198,13 +234,21 @@ class Actor:
     return episodes
 
   # ------------------------------------------------------------------------------------------
+  def _tip_messages(self, e: Episode) -> list:
+    chat = tip_chat(e.messages)
+    outcome = (f"Observation: {e.final_observation.strip()}\n\nThe episode is over; your final "
+               f"score is {format_score(e.score)}/100.\n\n")
+    chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
+    return chat
+
   def _reflect(self, session: Session, episodes: list[Episode], rng, iteration: int) -> dict:
     """One session call writes every episode's tip; the tips go into memory."""
     s = self.settings
     if self.memory is None:
       return {}
     todo = [i for i, e in enumerate(episodes) if e.turns and not e.env_failed]
-    requests = {i: self._ids(tip_chat(episodes[i].messages)) for i in todo}
+    # The tip chat shows the outcome: the observation after the last action and the final score.
+    requests = {i: self._ids(self._tip_messages(episodes[i])) for i in todo}
     out = session.step(requests, max_new_tokens=s.tip_max_new_tokens,
                        temperature=s.tip_temperature, top_p=s.top_p, top_k=s.top_k,
                        stop_ids=self.stop_ids, rng=jax.random.fold_in(rng, 7919))
@@ -214,7 +258,8 @@ class Actor:
       e.tip = clean_tip(self.tok.decode(out[i][0], skip_special_tokens=True))
       if not e.tip:
         continue
-      keys = e.step_keys if s.memory_key == "step" else [self._key(e, "")] * len(e.executed)
+      keys = (e.step_keys if s.memory_key == "step"
+              else [self._key(e, e.final_observation)] * len(e.executed))
       for action, key in zip(e.executed, keys):
         writes.append(MemoryWrite((e.task, e.variation), memory_text(e.tip, action, e.score),
                                   e.score, key))

@@ -104,6 +104,8 @@ class MemoryIndex:
 
     def search_batch(self, keys: Sequence, queries_nd: np.ndarray) -> list[list[Hit]]:
         """One hit list per query; query i searches slot keys[i]."""
+        if not len(keys):
+            return []
         q = normalize_rows(np.asarray(queries_nd, np.float32).reshape(len(keys), -1))
         out: list[list[Hit]] = [[] for _ in keys]
         groups: dict[SlotKey, list[int]] = {}

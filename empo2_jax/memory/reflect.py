@@ -33,7 +33,7 @@ MAX_TIP_WORDS = 99  # "< 100 words"
 TIP_OPEN = "<tip> Here are some memories you collected in your previous exploration:"
 TIP_CLOSE = "</tip>"
 
-_MARKUP = re.compile(r"<\|[^|>]*\|>")                  # <|im_start|>, <|im_end|>, <|endoftext|>, ...
+_MARKUP = re.compile(r"<\|[^|>]*\|>|</?tip>")                  # <|im_start|>, <|im_end|>, <|endoftext|>, ...
 _ROLE_AFTER_START = re.compile(r"<\|im_start\|>\s*(system|user|assistant)\b", re.I)
 _LABEL = re.compile(r"^\s*(?:\*\*)?(?:tip|summary|reflection)(?:\*\*)?\s*[:\-]\s*", re.I)
 
@@ -76,7 +76,10 @@ def tip_chat(messages: Sequence[Message]) -> list[Message]:
 
 
 def clean_tip(raw: str, max_words: int = MAX_TIP_WORDS) -> str:
-    """One line, no chat markup, at most `max_words` words; "" when nothing usable is left."""
+    """One line, no chat markup or tip tags, at most `max_words` words; "" when nothing usable is left.
+
+    Tip tags are removed so a stored tip can never close a tip block early (rl.batch.strip_tips).
+    """
     text = _ROLE_AFTER_START.sub(" ", raw)
     text = _MARKUP.sub(" ", text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

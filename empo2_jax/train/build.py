@@ -36,6 +36,17 @@ def check_config(c) -> None:
     raise ConfigError(f"env.name={c.env.name!r}; only 'scienceworld' is implemented")
   if c.rollout.group_size < 2:
     raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
+  for name in ("p_memory", "q_offpolicy"):
+    if not 0.0 <= c.empo2[name] <= 1.0:
+      raise ConfigError(f"empo2.{name}={c.empo2[name]} must be in [0, 1]")
+  if c.loss.agg not in ("token_mean", "seq_mean"):
+    raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: token_mean, seq_mean")
+  kl_type(c.loss.kl_estimator)
+  from empo2_jax.envs.scienceworld import ALL_TASKS   # no JVM is started by this import
+  if c.env.task not in ALL_TASKS:
+    raise ConfigError(f"env.task={c.env.task!r}; valid: {', '.join(ALL_TASKS)}")
+  if c.model.checkpoint and c.model.random_init:
+    raise ConfigError("model.checkpoint and model.random_init are both set; pick one")
 
 
 def kl_type(name: str) -> str:

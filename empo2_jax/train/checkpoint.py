@@ -186,11 +186,12 @@ def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
   return step
 
 
-def restore_trainer(ckpt: Checkpointer, trainer) -> Optional[int]:
+def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -> Optional[int]:
   """Load the newest restorable checkpoint into `trainer`; returns its step or None (none there).
 
-  Also rewrites metrics.jsonl to the checkpoint's records, so lines written after it (by the run
-  that was killed) are dropped and the resumed iterations are written once."""
+  With `rewrite_metrics`, also rewrites metrics.jsonl to the checkpoint's records, so lines
+  written after it (by the run that was killed) are dropped and the resumed iterations are written
+  once. Readers that only evaluate (launch/eval.py) pass False."""
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"train": trainer.state,
                                                             "rng": trainer.rng})
   stores = {}
@@ -209,7 +210,8 @@ def restore_trainer(ckpt: Checkpointer, trainer) -> Optional[int]:
   trainer.state, trainer.rng = state["train"], state["rng"]
   trainer.iteration, trainer.row_cursor = int(meta["iteration"]), int(meta["row_cursor"])
   trainer.set_memory_store(stores["memory"])
-  rewrite_records(trainer.workdir, meta.get("metrics", []))
+  if rewrite_metrics:
+    rewrite_records(trainer.workdir, meta.get("metrics", []))
   now, then = _flatten(json.loads(trainer.config.to_json())), _flatten(meta.get("config", {}))
   changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
   if changed:

@@ -52,7 +52,7 @@ class MetricsWriter:
           self._tb.add_scalar(k, v, step)
       self._tb.flush()
     if self._bar is not None:
-      show = {k: record[k] for k in ("mode", "return_mean", "success", "loss", "memory_size",
+      show = {k: record[k] for k in ("mode", "return_mean", "success", "loss/pg_loss", "memory_size",
                                      "eval/return_mean") if k in record}
       self._bar.set_postfix({k: (f"{v:.3g}" if isinstance(v, float) else v)
                              for k, v in show.items()})

@@ -134,8 +134,13 @@ class Trainer:
     self.memory.store = store
     self.memory.index = MemoryIndex(store, self.memory.index.cfg)
 
-  def resume(self) -> Optional[int]:
-    """Continue from the newest restorable checkpoint in the workdir; its step, or None."""
+  def resume(self, read_only: bool = False) -> Optional[int]:
+    """Continue from the newest restorable checkpoint in the workdir; its step, or None.
+
+    read_only (evaluation): load the state but leave the run's metrics and episodes untouched.
+    """
+    if read_only:
+      return ckpt_lib.restore_trainer(self.checkpointer, self, rewrite_metrics=False)
     self.metrics.close()            # metrics.jsonl is rewritten to the checkpoint's records
     try:
       step = ckpt_lib.restore_trainer(self.checkpointer, self)
@@ -189,7 +194,10 @@ class Trainer:
     timing["time/rollout_and_reflect"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    turns = [t for e in episodes for t in e.turns]
+    # An episode the env pool gave up on (worker died repeatedly) has a partial score: not trained
+    # on and not counted in the returns; reported as env_failed.
+    ok = [e for e in episodes if not e.env_failed] or episodes[:0]
+    turns = [t for e in ok for t in e.turns]
     adv_kwargs = {}
     if c.advantage.estimator == "gigpo":
       adv_kwargs = dict(gamma=c.advantage.gamma, step_weight=c.advantage.step_weight,
@@ -215,13 +223,13 @@ class Trainer:
       raise NonFiniteError(f"iteration {it}: non-finite update metrics {bad} "
                            f"(mode={mode}); lower optim.lr or check the batch")
 
-    returns = np.array([e.episode_return for e in episodes], np.float64)
+    returns = np.array([e.episode_return for e in ok] or [np.nan], np.float64)
     intrinsic = [t.intrinsic for t in turns]
     out = {
         "mode": mode, "mode_id": MODES.index(mode),
         "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-        "success": float(np.mean([e.success for e in episodes])),
-        "episode_steps": float(np.mean([len(e.turns) for e in episodes])),
+        "success": float(np.mean([e.success for e in ok])) if ok else float("nan"),
+        "episode_steps": float(np.mean([len(e.turns) for e in ok])) if ok else 0.0,
         "env_failed": int(sum(e.env_failed for e in episodes)),
         "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
         "memory_size": len(self.memory.store),
@@ -253,11 +261,14 @@ class Trainer:
   def evaluate(self, with_memory: bool = False) -> dict:
     t0 = time.perf_counter()
     episodes = self.eval_episodes(with_memory)
-    returns = np.array([e.episode_return for e in episodes])
+    failed = sum(e.env_failed for e in episodes)
+    episodes = [e for e in episodes if not e.env_failed]
+    returns = np.array([e.episode_return for e in episodes] or [np.nan])
     tag = "eval_mem" if with_memory else "eval"
     return {f"{tag}/return_mean": float(returns.mean()), f"{tag}/return_std": float(returns.std()),
-            f"{tag}/success": float(np.mean([e.success for e in episodes])),
-            f"{tag}/episodes": len(episodes), f"time/{tag}": time.perf_counter() - t0}
+            f"{tag}/success": float(np.mean([e.success for e in episodes] or [np.nan])),
+            f"{tag}/episodes": len(episodes), f"{tag}/env_failed": failed,
+            f"time/{tag}": time.perf_counter() - t0}
 
   def run(self, iterations: Optional[int] = None) -> list[dict]:
     c = self.config

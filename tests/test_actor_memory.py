@@ -1,0 +1,58 @@
+"""Actor-side memory: key construction within the encoder window, retrieval for unseen variations."""
+import numpy as np
+import pytest
+
+from empo2_jax.agent.actor import Actor, Episode, Memory
+from empo2_jax.envs.fewshot import PromptMaterial
+from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
+from empo2_jax.memory.store import MemoryStore
+from empo2_jax.model.encoder import Encoder
+from empo2_jax.model.tokenizer import load_tokenizer
+
+TASK = "find-animal"
+
+
+@pytest.fixture(scope="module")
+def encoder():
+  return Encoder.load()
+
+
+def _material(desc="Your task is to find a(n) animal."):
+  return PromptMaterial(task_description=desc, action_templates=("look around",), inventory="",
+                        focus_items=(), few_shot=())
+
+
+def test_key_keeps_task_and_current_observation_within_window(encoder):
+  store = MemoryStore(dim=encoder.dim)
+  actor = Actor(None, load_tokenizer(), {(TASK, 1): _material()},
+                Memory(encoder, store, MemoryIndex(store)))
+  ep = Episode(TASK, 1, 0, 0, "on", True)
+  for t in range(60):   # a long episode: far more text than 256 word pieces
+    ep.key_lines += [f"observation: You are in room number {t} with a table and a lamp.",
+                     f"action: go to room {t + 1}"]
+  key = actor._key(ep, "A green frog sits beside the pond.")
+  assert key.startswith("task: Your task is to find a(n) animal.")
+  assert key.endswith("observation: A green frog sits beside the pond.")
+  assert "room number 59" in key and "room number 0 " not in key
+  n_pieces = len(encoder.tokenizer.encode(key).ids)
+  assert n_pieces <= encoder.cfg.max_seq_length
+  # nothing of the key is lost to the encoder's own truncation
+  full = encoder.tokenizer.encode(key)
+  assert full.ids[-1] == encoder.tokenizer.token_to_id("[SEP]") and not full.overflowing
+
+
+def test_unseen_variation_searches_all_slots_of_the_task(encoder):
+  store = MemoryStore(dim=encoder.dim)
+  index = MemoryIndex(store, RetrievalConfig(threshold=0.5, top_k=3))
+  texts = {(TASK, 1): [("tip a", 10.0), ("tip b", 90.0)], (TASK, 2): [("tip c", 50.0)],
+           ("boil", 1): [("tip other task", 100.0)]}
+  key = "task: find an animal\nobservation: kitchen with a fridge"
+  emb = encoder.encode([key])[0]
+  for slot, entries in texts.items():
+    for text, score in entries:
+      store.add(slot, text, score, emb, 0)
+  mem = Memory(encoder, store, index)
+  own, unseen = mem.retrieve([(TASK, 1), (TASK, 7)], [key, key])
+  assert own == ["tip b", "tip a"]                      # its own slot only, best score first
+  assert unseen == ["tip b", "tip c", "tip a"]          # every find-animal slot, merged by score
+  assert mem.retrieve([("chemistry-mix", 1)], [key]) == [[]]
