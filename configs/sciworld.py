@@ -19,8 +19,10 @@ def _parse(arg):
     part = part.strip()
     if not part:
       continue
-    k, _, v = part.partition("=")
-    out[k] = v if v else True
+    k, eq, v = part.partition("=")
+    if k == "task" and not v:
+      raise ValueError("sciworld config argument 'task' needs a value, e.g. task=find-animal")
+    out[k] = v if eq else True
   unknown = set(out) - {"cpu", "task", "7b", "tiny"}
   if unknown:
     raise ValueError(f"unknown sciworld config arguments {sorted(unknown)}; "

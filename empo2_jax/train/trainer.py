@@ -80,12 +80,17 @@ class Trainer:
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
 
     self.pool, env = build.envs(c)
-    task = c.env.task
-    self.train_rows = env.rows(task, "train")
-    self.test_rows = env.rows(task, "test")
-    materials = material_for(env, task, self.train_rows + self.test_rows)
-    env.close()
-    self.memory = Memory(*build.memory(c))
+    try:
+      task = c.env.task
+      self.train_rows = env.rows(task, "train")
+      self.test_rows = env.rows(task, "test")
+      materials = material_for(env, task, self.train_rows + self.test_rows)
+      self.memory = Memory(*build.memory(c))
+    except BaseException:
+      self.pool.close()          # no worker or JVM outlives a failed start
+      raise
+    finally:
+      env.close()
     self.actor = Actor(self.pool, self.tokenizer, materials, self.memory, ActorSettings(
         max_new_tokens=c.rollout.max_new_tokens, max_context=c.rollout.max_context,
         top_p=c.rollout.top_p, top_k=c.rollout.top_k,
@@ -144,6 +149,8 @@ class Trainer:
     self.metrics.close()            # metrics.jsonl is rewritten to the checkpoint's records
     try:
       step = ckpt_lib.restore_trainer(self.checkpointer, self)
+      if step is None:              # a fresh start: drop records of an earlier, unsaved attempt
+        ckpt_lib.rewrite_records(self.workdir, [])
     finally:
       self.metrics = MetricsWriter(self.workdir, total=self.config.train.iterations,
                                    start=self.iteration, progress=self.progress)
