@@ -97,9 +97,10 @@ def test_intrinsic_reward():
 
 
 def test_tip_block():
-    assert R.tip_block([]) == ""
-    assert R.tip_block(["m1", "m2"]) == (
-        "<tip> Here are some memories you collected in your previous exploration:\nm1\nm2\n</tip>")
+    from empo2_jax.agent.prompts import tip_block   # the one block builder (the actor's)
+    assert tip_block([]) == ""
+    assert tip_block(["m1", "m2"]) == (
+        "<tip> Here are some memories you collected in your previous exploration:\nm1\nm2\n</tip>\n")
 
 
 def test_clean_tip_removes_tip_tags_so_blocks_cannot_close_early():

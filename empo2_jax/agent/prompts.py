@@ -46,8 +46,3 @@ def first_user_message(material: PromptMaterial, observation: str, tips: Sequenc
 
 def step_user_message(observation: str, tips: Sequence[str] = ()) -> str:
   return f"Observation: {observation.strip()}\n\n" + tip_block(tips) + INSTRUCTION
-
-
-def memory_key(messages: Sequence[dict]) -> str:
-  """Retrieval key of a chat: 'role: content' lines, system message excluded (SPEC §3)."""
-  return "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")

@@ -30,8 +30,6 @@ TIP_PROMPT = (
     "attempt can do better. Reply with a single line of fewer than 100 words and nothing else."
 )
 MAX_TIP_WORDS = 99  # "< 100 words"
-TIP_OPEN = "<tip> Here are some memories you collected in your previous exploration:"
-TIP_CLOSE = "</tip>"
 
 _MARKUP = re.compile(r"<\|[^|>]*\|>|</?tip>")                  # <|im_start|>, <|im_end|>, <|endoftext|>, ...
 _ROLE_AFTER_START = re.compile(r"<\|im_start\|>\s*(system|user|assistant)\b", re.I)
@@ -89,12 +87,6 @@ def clean_tip(raw: str, max_words: int = MAX_TIP_WORDS) -> str:
     words = line.split()
     return " ".join(words[:max_words])
 
-
-def tip_block(memories: Sequence[str]) -> str:
-    """The block inserted into a step's user message when memory is used (SPEC §2); "" for none."""
-    if not memories:
-        return ""
-    return "\n".join([TIP_OPEN, *memories, TIP_CLOSE])
 
 
 def format_score(score: float) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import numpy as np
 
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import hf, qwen2
@@ -124,4 +123,4 @@ def memory(c):
   return encoder, store, index
 
 
-__all__ = ["check_config", "policy", "tokenizer", "mesh", "envs", "memory", "kl_type", "np"]
+__all__ = ["check_config", "policy", "tokenizer", "mesh", "envs", "memory", "kl_type"]

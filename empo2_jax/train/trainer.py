@@ -8,7 +8,6 @@ update, losses and advantages are the pure kernels of empo2_jax.rl.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -318,4 +317,4 @@ class Trainer:
     self.pool.close()
 
 
-__all__ = ["Trainer", "draw_mode", "NonFiniteError", "dataclasses"]
+__all__ = ["Trainer", "draw_mode", "NonFiniteError"]
