@@ -1,0 +1,54 @@
+"""Episode packing: one token row per episode instead of one row per turn.
+
+An episode's chat only grows (agent/prompts.py), so the prompt of turn t+1 starts with the prompt
+of turn t followed by turn t's response. A packed row is the last turn's prompt + response, with
+each turn's response positions marked:
+
+    row     = prompt_0 + resp_0 + (new user tokens) + resp_1 + ... + resp_T
+    spans   = [(start_t, len(resp_t)) for each turn t]  (start_t: index of resp_t's first token)
+
+A causal model sees, at every position of resp_t, exactly the tokens it would see in turn t's own
+row, so per-token log-probs are equal. That holds only when the next prompt really extends the
+previous prompt + response token by token; re-tokenising the chat can break it (the model's raw
+text is stripped, BPE merges across the boundary, the sampler truncated the history). `pack_turns`
+checks the prefix property and starts a new row where it fails, so a turn is never packed under a
+history it did not see.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+
+@dataclasses.dataclass
+class PackedRow:
+  tokens: list[int]
+  spans: list[tuple[int, int]]     # (start, length) of each packed turn's response
+  turn_ids: list[int]              # which input turn each span belongs to
+
+
+def pack_turns(prompts: Sequence[Sequence[int]],
+               responses: Sequence[Sequence[int]]) -> list[PackedRow]:
+  """Packs the turns of ONE episode, in order, into as few rows as the prefix property allows.
+
+  prompts[t] / responses[t]: token ids of turn t. Turn t joins the current row when prompts[t]
+  starts with the row so far (the previous prompt + response); otherwise it opens a new row.
+  """
+  if len(prompts) != len(responses):
+    raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+  rows: list[PackedRow] = []
+  for t, (prompt, resp) in enumerate(zip(prompts, responses)):
+    prompt, resp = list(prompt), list(resp)
+    cur = rows[-1] if rows else None
+    if cur is not None and len(prompt) >= len(cur.tokens) and prompt[:len(cur.tokens)] == cur.tokens:
+      cur.tokens.extend(prompt[len(cur.tokens):])
+    else:
+      cur = PackedRow(tokens=list(prompt), spans=[], turn_ids=[])
+      rows.append(cur)
+    cur.spans.append((len(cur.tokens), len(resp)))
+    cur.turn_ids.append(t)
+    cur.tokens.extend(resp)
+  return rows
+
+
+__all__ = ["PackedRow", "pack_turns"]

@@ -1,0 +1,190 @@
+"""Behaviour cloning on gold trajectories, rendered through exactly the actor's chat.
+
+    chats = [gold_chat(material, traj) for ...]            # train variations only
+    rows = chat_rows(tokenizer, chats, max_len)            # one packed row per gold episode
+    batch = pad_rows(rows, pad_id, bucket)                 # tokens / attn / loss_mask [B, L]
+    step = make_sft_step(model_config, SFTConfig())
+    state, metrics = step(state, batch)                    # rl.update.TrainState
+
+The chat is the one `agent/actor.py` builds (first user message with task, few-shot examples,
+templates, observation and instruction; later user messages with the new observation), with no
+tips, and the gold action as each assistant turn. A gold episode becomes one packed row
+(rl/packing.py): every position of turn t's answer sees what the actor would have shown the model at
+turn t. The loss is the token-mean negative log-likelihood of the assistant answers (their text and
+the end-of-turn token); prompts, the chat template's role headers and padding are not scored.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from empo2_jax.agent import prompts
+from empo2_jax.model import qwen2
+from empo2_jax.model.tokenizer import stop_ids
+from empo2_jax.rl.logprobs import token_logprobs
+from empo2_jax.rl.packing import PackedRow, pack_turns
+from empo2_jax.rl.update import TrainState, make_optimizer  # the same AdamW + clip as RL
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  learning_rate: float = 1e-4
+  weight_decay: float = 0.0
+  adam_b1: float = 0.9
+  adam_b2: float = 0.999
+  adam_eps: float = 1e-8
+  max_grad_norm: float = 1.0
+  micro_rows: int = 1          # rows per forward/backward (gradient accumulation unit)
+  vocab_chunk: int = 8192
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: gold trajectory -> chat -> packed token row with a loss mask
+# ---------------------------------------------------------------------------------------------
+
+def gold_chat(material, traj, max_turns: int = 0) -> list[dict]:
+  """The actor's chat for a gold episode: user/assistant messages, the gold action as each answer.
+
+  material: envs.fewshot.PromptMaterial of traj's variation; traj: envs.fewshot.GoldTrajectory.
+  max_turns > 0 keeps the first max_turns actions (an episode cut at the agent's step limit).
+  """
+  steps = traj.steps[:max_turns] if max_turns else traj.steps
+  msgs = [{"role": "user", "content": prompts.first_user_message(material, traj.first_observation)}]
+  for i, (action, obs) in enumerate(steps):
+    msgs.append({"role": "assistant", "content": action})
+    if i + 1 < len(steps):
+      msgs.append({"role": "user", "content": prompts.step_user_message(obs)})
+  return msgs
+
+
+def _chat_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
+  """Token ids of a chat, tokenised the way the actor does (template text, then encode)."""
+  text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt)
+  return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def chat_turns(tokenizer, messages) -> tuple[list[list[int]], list[list[int]]]:
+  """(prompt ids, answer ids) of every assistant turn of `messages`.
+
+  A turn's prompt is what the actor feeds the sampler (the chat before the answer plus the
+  generation prompt); its answer is the template's rendering of the assistant message up to and
+  including the end-of-turn token, i.e. what the sampler should emit before it stops.
+  """
+  stops = set(stop_ids(tokenizer))
+  out_p, out_r = [], []
+  for t, m in enumerate(messages):
+    if m["role"] != "assistant":
+      continue
+    prompt = _chat_ids(tokenizer, messages[:t], True)
+    full = _chat_ids(tokenizer, messages[:t + 1], False)
+    if full[:len(prompt)] != prompt:
+      raise ValueError(f"the chat template does not extend the generation prompt at message {t}; "
+                       "the tokenizer's template is not a ChatML-style growing chat")
+    answer = full[len(prompt):]
+    end = next((i for i, tok in enumerate(answer) if tok in stops), None)
+    if end is None:
+      raise ValueError(f"no end-of-turn token ({sorted(stops)}) after assistant message {t}")
+    out_p.append(prompt)
+    out_r.append(answer[:end + 1])
+  return out_p, out_r
+
+
+def chat_rows(tokenizer, chats: Sequence[list[dict]], max_len: int) -> list[PackedRow]:
+  """Packed rows for the chats; turns past `max_len` tokens are dropped (with what follows)."""
+  rows = []
+  for messages in chats:
+    for row in pack_turns(*chat_turns(tokenizer, messages)):
+      keep = [k for k, (s, n) in enumerate(row.spans) if s + n <= max_len]
+      if not keep:
+        continue
+      last = keep[-1]
+      end = row.spans[last][0] + row.spans[last][1]
+      rows.append(PackedRow(row.tokens[:end], row.spans[:last + 1], row.turn_ids[:last + 1]))
+  return rows
+
+
+def pad_rows(rows: Sequence[PackedRow], pad_id: int, bucket: int = 128) -> dict:
+  """Right-padded int32 arrays [B, L] (L = the longest row rounded up to `bucket`):
+  tokens, attn (1 on real tokens), loss_mask (1 on answer tokens)."""
+  length = max(len(r.tokens) for r in rows)
+  length = -(-length // bucket) * bucket
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  attn = np.zeros((len(rows), length), np.int32)
+  loss_mask = np.zeros((len(rows), length), np.int32)
+  for b, r in enumerate(rows):
+    tokens[b, :len(r.tokens)] = r.tokens
+    attn[b, :len(r.tokens)] = 1
+    for s, n in r.spans:
+      loss_mask[b, s:s + n] = 1
+  return {"tokens": tokens, "attn": attn, "loss_mask": loss_mask}
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel: masked next-token NLL and the jitted step
+# ---------------------------------------------------------------------------------------------
+
+def answer_nll(params, model_config, tokens_bl, attn_bl, loss_mask_bl, vocab_chunk: int = 8192):
+  """(sum of -log p over answer tokens, number of answer tokens). Position t-1 predicts token t;
+  token t is scored where loss_mask[t] = 1. The vocabulary projection is chunked (rl/logprobs)."""
+  hidden = qwen2.forward(params, model_config, tokens_bl, attn_bl, return_hidden=True)
+  w_dv = qwen2.output_embedding(params, model_config)
+  logp = token_logprobs(hidden[:, :-1], w_dv, tokens_bl[:, 1:], chunk_size=vocab_chunk)
+  weight = loss_mask_bl[:, 1:].astype(jnp.float32)
+  return -jnp.sum(jnp.where(weight > 0, logp, 0.0)), jnp.sum(weight)
+
+
+def make_sft_step(model_config, cfg: SFTConfig, optimizer=None):
+  """jit(step)(state, batch {tokens, attn, loss_mask} [B, L]) -> (state, metrics): one optimizer
+  step on the token-mean answer NLL of the batch, gradients summed over micro-batches of
+  cfg.micro_rows rows (B must be a multiple of it). The state is donated."""
+  optimizer = optimizer or make_optimizer(cfg)
+
+  def step(state: TrainState, batch):
+    b = batch["tokens"].shape[0]
+    if b % cfg.micro_rows:
+      raise ValueError(f"batch of {b} rows is not a multiple of micro_rows={cfg.micro_rows}")
+    chunks = jax.tree.map(lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]),
+                          batch)
+    n_tok = jnp.maximum(jnp.sum(batch["loss_mask"][:, 1:]).astype(jnp.float32), 1.0)
+
+    def micro(grads, d):
+      def loss_fn(p):
+        nll, _ = answer_nll(p, model_config, d["tokens"], d["attn"], d["loss_mask"],
+                            cfg.vocab_chunk)
+        return nll / n_tok
+      loss, g = jax.value_and_grad(loss_fn)(state.params)
+      return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), grads, g), loss
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+    grads, losses = jax.lax.scan(micro, zeros, chunks)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": jnp.sum(losses), "grad_norm": optax.global_norm(grads), "tokens": n_tok}
+    return TrainState(params, opt_state, state.step + 1), metrics
+
+  return jax.jit(step, donate_argnums=(0,))
+
+
+def make_eval_loss(model_config, cfg: SFTConfig):
+  """jit(f)(params, batch) -> token-mean answer NLL of the whole batch (no update)."""
+
+  def f(params, batch):
+    b = batch["tokens"].shape[0]
+    chunks = jax.tree.map(lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]),
+                          batch)
+    sums = jax.lax.map(lambda d: jnp.stack(answer_nll(
+        params, model_config, d["tokens"], d["attn"], d["loss_mask"], cfg.vocab_chunk)), chunks)
+    return jnp.sum(sums[:, 0]) / jnp.maximum(jnp.sum(sums[:, 1]), 1.0)
+
+  return jax.jit(f)
+
+
+__all__ = ["SFTConfig", "gold_chat", "chat_turns", "chat_rows", "pad_rows", "answer_nll",
+           "make_sft_step", "make_eval_loss"]
