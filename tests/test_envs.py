@@ -6,7 +6,8 @@ import pytest
 from empo2_jax.envs import actions
 from empo2_jax.envs.base import TextEnv
 from empo2_jax.envs.fewshot import gold_trajectories, prompt_material, replay_gold
-from empo2_jax.envs.scienceworld import (ALL_TASKS, PAPER_TASKS, SciWorldConfig, SciWorldEnv)
+from empo2_jax.envs.scienceworld import (ALL_TASKS, DEFAULT_JAVA_OPTIONS, PAPER_TASKS,
+                                         SciWorldConfig, SciWorldEnv)
 
 # (task, variation) pairs replayed against the library: 6 of the paper's tasks, 2 variations each.
 # The electrical tasks are left out of the step-by-step comparison: the simulator itself is not
@@ -154,7 +155,7 @@ def test_correct_action_ties_are_order_independent():
     actions.correct_action("x", [])
 
 
-def test_ambiguity_prompt_parsing_and_resolution():
+def test_ambiguity_prompt_parsing():
   prompt = ("Ambiguous request: Please enter the number for the action you intended (or blank "
             "to cancel):\n0:\tpick up ceramic cup (in cupboard, in kitchen)\n"
             "1:\tpick up tin cup (in cupboard, in kitchen)\n2:\tpick up glass cup (in table)")
@@ -162,8 +163,6 @@ def test_ambiguity_prompt_parsing_and_resolution():
   assert options == {"0": "pick up ceramic cup (in cupboard, in kitchen)",
                      "1": "pick up tin cup (in cupboard, in kitchen)",
                      "2": "pick up glass cup (in table)"}
-  assert actions.resolve_ambiguity(" 2 ", options) == ("2", True)
-  assert actions.resolve_ambiguity("pick up the tin cup", options) == ("1", False)
   assert actions.parse_ambiguity_options("You move to the kitchen.") is None
 
 
@@ -177,12 +176,61 @@ def test_env_corrects_invalid_text_and_keeps_raw(env):
   assert info.valid and info.executed_action == "look around"
   _, _, _, info = env.step("")
   assert not info.valid and info.executed_action == "look around"
-  obs, _, _, info = env.step("look at cup")  # several cups: the simulator asks which one
-  assert info.valid and obs.startswith(actions.AMBIGUITY_PREFIX)
-  options = actions.parse_ambiguity_options(obs)
-  num, desc = sorted(options.items())[-1]
-  _, _, _, info = env.step(f"I mean the {desc}")  # text instead of a number: closest option
-  assert not info.valid and info.executed_action == num
+
+
+def test_ambiguous_request_answered_with_option_0_in_the_same_step(env, monkeypatch):
+  """The raw library leaves "look at cup" waiting for a number (no move spent); answering "0"
+  looks at the first listed cup. Our env does both in one step, with the library's outcome.
+  (The library's JVM gets our JVM options: the option order follows Java identity hashes.)"""
+  from scienceworld import ScienceWorldEnv
+  monkeypatch.setenv("JAVA_TOOL_OPTIONS", DEFAULT_JAVA_OPTIONS)
+  lib_env = ScienceWorldEnv("", envStepLimit=100)
+  try:
+    _library_ambiguity_run(lib_env, env)
+  finally:
+    lib_env.close()
+
+
+def _library_ambiguity_run(lib_env, env):
+  lib_env.load("chemistry-mix", 1, "easy")
+  lib_env.reset()
+  lib_env.step("open cupboard")
+  prompt, _, _, lib_info = lib_env.step("look at cup")
+  options = actions.parse_ambiguity_options(prompt)
+  assert options and len(options) > 1
+  moves_before = lib_info["moves"]
+  lib_obs, _, lib_done, lib_info = lib_env.step("0")
+  assert lib_info["moves"] == moves_before + 1
+
+  env.reset("chemistry-mix", 1)
+  env.step("open cupboard")
+  obs, reward, done, info = env.step("look at cup")
+  assert obs == lib_obs and not obs.startswith(actions.AMBIGUITY_PREFIX)
+  assert (info.score, info.moves, done) == (lib_info["score"], lib_info["moves"], lib_done)
+  assert info.valid and info.raw_action == "look at cup" and info.steps == 2
+  assert info.executed_action == options["0"]
+  # a rejected text whose correction is ambiguous is answered the same way
+  obs, _, _, info = env.step("look at the cup!!")
+  assert not info.valid and not obs.startswith(actions.AMBIGUITY_PREFIX)
+
+
+def test_always_correction_maps_every_text_to_a_valid_action():
+  e = SciWorldEnv(SciWorldConfig(action_correction="always"))
+  try:
+    e.reset("chemistry-mix", 1)
+    valid_now = e.valid_actions()
+    _, _, _, info = e.step("open cupboard")           # already valid: sent as written
+    assert info.valid and info.executed_action == "open cupboard"
+    valid_now = e.valid_actions()
+    text = "close the cupboard now"
+    expected = actions.correct_action(text, valid_now)
+    assert expected == "close cupboard"
+    _, _, _, info = e.step(text)
+    assert not info.valid and info.executed_action == expected and info.raw_action == text
+  finally:
+    e.close()
+  with pytest.raises(ValueError, match="action_correction.*on_reject, always"):
+    SciWorldConfig(action_correction="sometimes")
 
 
 # ------------------------------------------------------------------ prompt material, few-shot

@@ -1,8 +1,9 @@
 """Action text handling: normalisation, word-level Jaccard correction, ambiguity prompts.
 
-The agent writes free text; the simulator accepts only what its parser understands. When the parser
-rejects the text, `correct_action` maps it to the valid action with the highest word-level Jaccard
-overlap. Ties are broken by character-level similarity (rescues typos), then by fewer words, then
+The agent writes free text; the simulator accepts only what its parser understands. `correct_action`
+maps it to the valid action with the highest word-level Jaccard overlap: only when the parser rejects
+the text (CORRECTION_MODES "on_reject", ours) or for every action (CORRECTION_MODES "always", the
+release's choice). Ties are broken by character-level similarity (rescues typos), then by fewer words, then
 alphabetically, so the choice never depends on the order the simulator lists actions in (that order
 varies between runs of the same variation).
 """
@@ -17,6 +18,11 @@ PARSER_REJECTION = "No known action matches that input."
 AMBIGUITY_PREFIX = "Ambiguous request"
 # Executed when the text shares no word with any valid action: harmless and informative.
 DEFAULT_FALLBACK_ACTION = "look around"
+# When the text is mapped to a valid action: "on_reject" only when the parser rejects it (fast: the
+# valid actions are fetched only then); "always" every step, as the authors' release does.
+CORRECTION_MODES = ("on_reject", "always")
+# The answer to an ambiguity prompt: its first option, as the release answers (in the same step).
+AMBIGUITY_ANSWER = "0"
 
 _WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
 _OPTION_RE = re.compile(r"^\s*(\d+):\s*(.+?)\s*$")
@@ -74,19 +80,3 @@ def parse_ambiguity_options(observation: str) -> dict[str, str] | None:
     if m:
       options[m.group(1)] = m.group(2)
   return options
-
-
-def resolve_ambiguity(text: str, options: dict[str, str]) -> tuple[str, bool]:
-  """Answer to send to an ambiguity prompt: (option number, whether `text` was already one).
-
-  A number among the options passes unchanged; other text picks the option whose description is
-  closest by `correct_action` (so "pick up the tin cup" selects the tin cup's number).
-  """
-  normalized = normalize_action(text)
-  if normalized in options:
-    return normalized, True
-  if not options:
-    raise ValueError("resolve_ambiguity got an ambiguity prompt without options.")
-  by_text = {desc: num for num, desc in options.items()}
-  best = correct_action(normalized, list(by_text), fallback=None)
-  return by_text[best], False

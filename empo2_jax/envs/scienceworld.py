@@ -3,8 +3,17 @@
 Speed: the library's `ScienceWorldEnv.step` asks the JVM for every valid action, the look-around and
 the inventory after each step. `SciWorldEnv.step` talks to the same Java object (`PythonInterface`)
 but only sends the action and reads score, completion and move count — the state changes and the
-numbers are the library's. Valid actions are fetched only when the parser rejects the agent's text
-and it must be corrected (`actions.correct_action`).
+numbers are the library's.
+
+Action handling (`SciWorldConfig.action_correction`, SPEC §2):
+  "on_reject" (default) the text goes to the simulator as written; only when the parser rejects it
+              are the valid actions fetched and the text mapped to the closest one
+              (`actions.correct_action`, word-level Jaccard).
+  "always"    (the release) every text is mapped to the closest valid action before it is sent;
+              the valid actions are fetched every step (~0.05-0.2 s each).
+In both, an "Ambiguous request" (the simulator lists the objects the command could mean and waits
+for a number; no move is spent) is answered with option 0 in the same step, as the release does:
+the agent never sees the list and no turn is lost. `executed_action` is then option 0's text.
 
 One JVM can host many episodes: every `SciWorldEnv` owns a `PythonInterface` of its own, and several
 envs may share one `ScienceWorldJvm` (the process pool does this). The simulator orders a room's
@@ -76,9 +85,13 @@ class SciWorldConfig:
   num_test_rows: int = 20            # first test variations used for evaluation
   success_score: int = 70            # success = done and score > success_score
   fallback_action: str = actions.DEFAULT_FALLBACK_ACTION
+  action_correction: str = "on_reject"   # or "always" (the release): see the module docstring
   java_tool_options: str = DEFAULT_JAVA_OPTIONS
 
   def __post_init__(self):
+    if self.action_correction not in actions.CORRECTION_MODES:
+      raise ValueError(f"action_correction={self.action_correction!r}; valid: "
+                       f"{', '.join(actions.CORRECTION_MODES)}")
     for task, _ in self.max_steps_overrides:
       check_task(task, ALL_TASKS)
 
@@ -165,7 +178,6 @@ class SciWorldEnv:
     self._task: str | None = None
     self._variation = -1
     self._last_score = 0
-    self._last_obs = ""
     self._steps = 0
     self._done = False
 
@@ -215,7 +227,6 @@ class SciWorldEnv:
     # return equals the final score (SPEC §7); only the first step's reward can differ from the
     # library's (which starts from the post-reset score).
     self._last_score = 0
-    self._last_obs = observation
     self._steps = 0
     self._done = False
     info = ResetInfo(task=task, variation=variation,
@@ -231,19 +242,29 @@ class SciWorldEnv:
       raise RuntimeError(f"The episode ({self._task}, variation {self._variation}) is over; "
                          "call reset before stepping again.")
     text = actions.normalize_action(action_text)
-    options = actions.parse_ambiguity_options(self._last_obs)
-    if options:
-      executed, valid = actions.resolve_ambiguity(text, options)
-      observation = str(self._server.step(executed))
+    if self.config.action_correction == "always":
+      valid_now = self.valid_actions()
+      executed = actions.correct_action(text, valid_now, fallback=self.config.fallback_action)
+      valid = text in valid_now
+      observation, executed = self._send(executed)
     else:
-      executed = text
-      observation = str(self._server.step(text))
+      observation, executed = self._send(text)
       valid = observation != actions.PARSER_REJECTION
       if not valid:
         executed = actions.correct_action(text, self.valid_actions(),
                                           fallback=self.config.fallback_action)
-        observation = str(self._server.step(executed))
+        observation, executed = self._send(executed)
     return self._finish_step(observation, action_text, executed, valid)
+
+  def _send(self, command: str) -> tuple[str, str]:
+    """(observation, what was executed) for one command; an ambiguity prompt is answered with
+    option 0 at once, so the observation is that option's outcome and `command` its text."""
+    observation = str(self._server.step(command))
+    options = actions.parse_ambiguity_options(observation)
+    if options and actions.AMBIGUITY_ANSWER in options:
+      command = options[actions.AMBIGUITY_ANSWER]
+      observation = str(self._server.step(actions.AMBIGUITY_ANSWER))
+    return observation, command
 
   def _finish_step(self, observation: str, raw: str, executed: str, valid: bool) -> StepResult:
     server = self._server
@@ -251,7 +272,6 @@ class SciWorldEnv:
     moves = int(server.getNumMoves())
     reward = score - self._last_score
     self._last_score = score
-    self._last_obs = observation
     self._steps += 1
     # The library's end conditions: completed, past the move limit, or failed (negative score).
     sim_done = bool(server.getCompleted()) or moves > self.config.env_step_limit or score < 0
