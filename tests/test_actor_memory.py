@@ -1,8 +1,10 @@
-"""Actor-side memory: key construction within the encoder window, retrieval for unseen variations."""
+"""Actor-side memory: key construction within the encoder window (recent lines or the chat), retrieval
+for unseen variations."""
 import numpy as np
 import pytest
 
-from empo2_jax.agent.actor import Actor, Episode, Memory
+from empo2_jax.agent import prompts
+from empo2_jax.agent.actor import Actor, ActorSettings, Episode, Memory
 from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
 from empo2_jax.memory.store import MemoryStore
@@ -56,3 +58,47 @@ def test_unseen_variation_searches_all_slots_of_the_task(encoder):
   assert own == ["tip b", "tip a"]                      # its own slot only, best score first
   assert unseen == ["tip b", "tip c", "tip a"]          # every find-animal slot, merged by score
   assert mem.retrieve([("chemistry-mix", 1)], [key]) == [[]]
+
+
+def _chat_actor(encoder, **settings):
+  store = MemoryStore(dim=encoder.dim)
+  return Actor(None, load_tokenizer(), {(TASK, 1): _material()},
+               Memory(encoder, store, MemoryIndex(store)),
+               ActorSettings(memory_key_text="chat", **settings))
+
+
+def test_chat_key_is_what_the_encoder_sees_of_the_whole_chat(encoder):
+  actor = _chat_actor(encoder)
+  ep = Episode(TASK, 1, 0, 0, "on", True)
+  ep.messages = [{"role": "system", "content": "SYSTEM PROMPT"}]
+  for t in range(40):   # far more than 256 word pieces
+    ep.messages += [{"role": "user", "content": f"Observation: room {t} has a lamp and a table."},
+                    {"role": "assistant", "content": f"go to room {t + 1}"}]
+  full = "\n".join(f"{m['role']}: {m['content']}" for m in ep.messages[1:])
+  full += "\nuser: " + actor._user_message(ep, "A frog.")
+  key = actor._key(ep, "A frog.")
+  assert key.startswith("user: Observation: room 0 has a lamp") and "SYSTEM" not in key
+  assert full.startswith(key) and len(key) < len(full) and "A frog." not in key
+  assert "assistant: go to room 1\n" in key
+  np.testing.assert_allclose(encoder.encode([key]), encoder.encode([full]), atol=1e-6)
+  # the window is full: one more word piece of the chat would not fit
+  assert len(encoder.tokenizer.encode(key).ids) == encoder.cfg.max_seq_length
+  # at the end ("final" keys): the whole chat, no pending user message
+  ep.messages = ep.messages[:3]
+  assert actor._key(ep, None) == ("user: Observation: room 0 has a lamp and a table.\n"
+                                  "assistant: go to room 1")
+
+
+def test_chat_key_first_step_uses_the_tip_free_first_message(encoder):
+  actor = _chat_actor(encoder)
+  ep = Episode(TASK, 1, 0, 0, "on", True)
+  key = actor._key(ep, "You are in the kitchen.")
+  assert key == "user: " + prompts.first_user_message(_material(), "You are in the kitchen.")
+  assert prompts.TIP_OPEN not in key
+
+
+def test_actor_settings_reject_unknown_key_switches():
+  with pytest.raises(ValueError, match="memory_key_text='release'.*recent, chat"):
+    ActorSettings(memory_key_text="release")
+  with pytest.raises(ValueError, match="memory_key='last'.*step, final"):
+    ActorSettings(memory_key="last")

@@ -11,10 +11,20 @@ model text goes into the chat; the pool corrects it to a valid action (word-leve
 steps the simulators. After the last step, one more session call writes every episode's tip (the
 tip chat extends the cached history), and the tips go into memory (SPEC §2-3).
 
-Memory keys are our choice of "the episode so far": the task line, then as many of the most recent
-observation/action lines as fit MiniLM's 256 word pieces (dropped from the front). The full chat
-would fill that window with the first prompt's boilerplate (few-shot examples, templates) and make
-every key look alike.
+Memory keys (SPEC §3), two switches:
+  memory_key_text "recent" (ours): the task line, then as many of the most recent observation/action
+                  lines as fit MiniLM's 256 word pieces (dropped from the front). The full chat
+                  would fill that window with the first prompt's boilerplate (few-shot examples,
+                  templates) and make every key look alike.
+                  "chat" (the release's): the chat so far, "user: ..." / "assistant: ..." lines
+                  joined (no system message; earlier turns keep their tip blocks; the current user
+                  message without tips), cut to the first 256 word pieces, i.e. what the encoder
+                  sees of the whole chat. With the few-shot prompt this is the first user
+                  message's head: every step of a variation gets (nearly) the same key.
+  memory_key      "step" (paper-era): each step's memory is keyed by the key its step retrieved
+                  with; "final" (release): all steps of an episode by the key of its end
+                  ("recent": the lines up to the final observation; "chat": the whole chat).
+The release's behaviour is memory_key="final" with memory_key_text="chat".
 
 Retrieval for a variation that has no memory slot of its own (test variations in an evaluation
 with memory) searches all of that task's slots and merges the hits by score.
@@ -39,6 +49,10 @@ from empo2_jax.sampling.sampler import SamplerSettings
 from empo2_jax.sampling.session import Session
 
 
+MEMORY_KEYS = ("step", "final")
+MEMORY_KEY_TEXTS = ("recent", "chat")
+
+
 @dataclasses.dataclass(frozen=True)
 class ActorSettings:
   max_new_tokens: int = 32
@@ -49,9 +63,17 @@ class ActorSettings:
   tip_temperature: float = 1.0
   intrinsic_scale: float = 1.0
   intrinsic_reward: bool = True
-  memory_key: str = "step"     # 'step' or 'final' (SPEC §3)
-  key_chars: int = 1200
+  memory_key: str = "step"     # 'step' or 'final': which transcript keys a step's memory
+  memory_key_text: str = "recent"   # 'recent' or 'chat': how a key's text is built (docstring)
+  key_chars: int = 1200        # key length in characters when there is no encoder to count pieces
   cache_dtype: str = "bfloat16"
+
+  def __post_init__(self):
+    if self.memory_key not in MEMORY_KEYS:
+      raise ValueError(f"memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)}")
+    if self.memory_key_text not in MEMORY_KEY_TEXTS:
+      raise ValueError(f"memory_key_text={self.memory_key_text!r}; valid: "
+                       f"{', '.join(MEMORY_KEY_TEXTS)}")
 
 
 @dataclasses.dataclass
@@ -127,7 +149,34 @@ class Actor:
     text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return self.tok(text, add_special_tokens=False)["input_ids"]
 
-  def _key(self, ep: Episode, observation: str) -> str:
+  def _user_message(self, ep: Episode, observation: str, tips: Sequence[str] = ()) -> str:
+    if not ep.messages:
+      return prompts.first_user_message(self.materials[(ep.task, ep.variation)], observation, tips)
+    return prompts.step_user_message(observation, tips)
+
+  def _key(self, ep: Episode, observation: Optional[str]) -> str:
+    """The memory key of `ep` before its next user message (observation None: at its end)."""
+    if self.settings.memory_key_text == "chat":
+      messages = list(ep.messages)
+      if observation is not None:
+        messages.append({"role": "user", "content": self._user_message(ep, observation)})
+      return self._chat_key(messages)
+    return self._recent_key(ep, observation)
+
+  def _chat_key(self, messages) -> str:
+    """"role: content" lines of the chat (system excluded), cut to the encoder's first window."""
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
+    enc = self.memory.encoder if self.memory is not None else None
+    if enc is None:
+      return text[:self.settings.key_chars]
+    pieces = enc.tokenizer.encode(text)      # truncating tokenizer: the first window only
+    if not pieces.overflowing:
+      return text
+    ends = [end for (_, end), special in zip(pieces.offsets, pieces.special_tokens_mask)
+            if not special]
+    return text[:max(ends, default=0)]
+
+  def _recent_key(self, ep: Episode, observation: Optional[str]) -> str:
     """Task line + the most recent observation/action lines that fit the encoder's window.
 
     Lines are dropped from the front, counted in the encoder's word pieces, so the current
@@ -183,11 +232,7 @@ class Actor:
         e.retrieved.append(len(tip))
         e.tips_shown.append(list(tip))
         e.observations.append(obs[i])
-        if not e.messages:
-          user = prompts.first_user_message(self.materials[(e.task, e.variation)], obs[i], tip)
-        else:
-          user = prompts.step_user_message(obs[i], tip)
-        e.messages.append({"role": "user", "content": user})
+        e.messages.append({"role": "user", "content": self._user_message(e, obs[i], tip)})
         ids = self._ids(e.messages)
         if len(e.messages) == 1:
           keep[i] = len(ids)          # on overflow, keep the first prompt and the recent turns
@@ -258,8 +303,8 @@ class Actor:
       e.tip = clean_tip(self.tok.decode(out[i][0], skip_special_tokens=True))
       if not e.tip:
         continue
-      keys = (e.step_keys if s.memory_key == "step"
-              else [self._key(e, e.final_observation)] * len(e.executed))
+      final = e.final_observation if s.memory_key_text == "recent" else None
+      keys = (e.step_keys if s.memory_key == "step" else [self._key(e, final)] * len(e.executed))
       for action, key in zip(e.executed, keys):
         writes.append(MemoryWrite((e.task, e.variation), memory_text(e.tip, action, e.score),
                                   e.score, key))
