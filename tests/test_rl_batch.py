@@ -110,6 +110,47 @@ def test_long_samples_dropped_and_rows_padded(tok):
   assert batch["cur_tokens"].shape[1] <= 200 + 4
 
 
+def test_prompt_len_check_tip_free_measures_only_the_tip_free_view(tok):
+  long_tip = ("<tip> Here are some memories you collected in your previous exploration:\n"
+              + "open the door to the hallway and look around carefully\n" * 20 + "</tip>\n")
+
+  def with_long_tips(i, mode, extra_words=0):
+    t = make_turn(tok, i, mode, tip=False)
+    t.messages[-1]["content"] = "You are here. " + long_tip + "Answer." + " word" * extra_words
+    return t
+
+  turns = [with_long_tips(0, "on_tips"),             # tips view long, tip-free view short
+           with_long_tips(1, "off"),                 # off: notips/notips, short
+           with_long_tips(2, "off", 300),            # tip-free view itself long
+           make_turn(tok, 3, "on", tip=False)]
+  turns[3].messages[-1]["content"] += " word" * 300  # no tips: the tip-free view is long
+  adv = np.arange(4, dtype=np.float32)
+  full = lambda t, view: tok(prompt_text(tok, t.messages if view == "tips" else
+                                         [dict(m, content=strip_tips(m["content"]))
+                                          for m in t.messages]),
+                             add_special_tokens=False)["input_ids"]
+  assert len(full(turns[0], "tips")) > 200 > len(full(turns[0], "notips"))
+  for variant in ("paper", "release"):
+    both = BatchConfig(max_prompt_len=200, response_len=4, prompt_multiple=32,
+                       ratio_variant=variant)
+    tip_free = BatchConfig(max_prompt_len=200, response_len=4, prompt_multiple=32,
+                           ratio_variant=variant, prompt_len_check="tip_free")
+    _, s_both = build_batch(turns, adv, tok, both)
+    batch, s_free = build_batch(turns, adv, tok, tip_free)
+    # "both": the on_tips turn's with-tips view is too long; "release" off also reads the tips view
+    assert s_both["n_dropped_prompt"] == (3 if variant == "paper" else 4)
+    assert s_free["n_dropped_prompt"] == 2 and s_free["n_samples"] == 2
+    np.testing.assert_array_equal(batch["sample_index"][:2], [0, 1])
+    # the too-long with-tips view is kept whole: P grows past max_prompt_len to fit it
+    p_len = batch["cur_tokens"].shape[1] - 4
+    ids = full(turns[0], "tips")
+    assert p_len >= len(ids) > 200
+    np.testing.assert_array_equal(batch["cur_tokens"][0, p_len - len(ids):p_len], ids)
+    assert batch["cur_attn"][0, :p_len - len(ids)].sum() == 0
+  with pytest.raises(ValueError, match="prompt_len_check"):
+    BatchConfig(prompt_len_check="tips")
+
+
 def test_bucket_sizes_are_few_and_tight():
   sizes = {bucket_size(n, 8, 1.25) for n in range(1, 4000)}
   assert len(sizes) < 40

@@ -19,6 +19,13 @@ Batch layout (numpy, one row per sample; L = P + R):
   sampler_logp         [B, R] float32 the sampler's log-probs of the response tokens
   advantages           [B]    float32
   sample_index         [B]    int32   index into the input turns; -1 on padding rows
+Prompt-length check (`BatchConfig.prompt_len_check`): a sample whose prompt is longer than
+max_prompt_len is dropped. "both" (ours) measures every view the sample uses; "tip_free" (the
+release's choice) measures only the tip-free view, whatever the mode. Under "tip_free" a with-tips
+view that is longer than max_prompt_len is kept whole, as the release keeps it (cutting it would
+change what the old log-prob conditions on): P grows to fit it, so the padded width can exceed
+max_prompt_len by the length of the tip blocks.
+
 The prompt is left-padded to P and the response right-padded to R, so the response always sits in
 the last R columns (rl/logprobs.response_logprobs relies on that). P and B are rounded up to a few
 bucketed sizes so that the jitted update sees few distinct shapes.
@@ -36,6 +43,7 @@ from empo2_jax.rl import advantages as adv_lib
 
 MODES = ("on", "on_tips", "off")
 RATIO_VARIANTS = ("paper", "release")
+PROMPT_LEN_CHECKS = ("both", "tip_free")
 # A tip block and the single newline after it (agent/prompts.tip_block ends blocks with "\n").
 TIP_BLOCK_RE = re.compile(r"<tip>.*?</tip>\n?", re.DOTALL)
 
@@ -58,7 +66,8 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True)
 class BatchConfig:
-  max_prompt_len: int = 8192  # longer prompts (in any view used) drop the sample
+  max_prompt_len: int = 8192  # longer prompts drop the sample (measured per prompt_len_check)
+  prompt_len_check: str = "both"  # "both": every view used; "tip_free": the tip-free view only
   response_len: int = 32  # R; longer responses drop the sample
   ratio_variant: str = "paper"  # "paper" | "release"
   prompt_multiple: int = 128  # P is a bucket over multiples of this
@@ -70,6 +79,9 @@ class BatchConfig:
     if self.ratio_variant not in RATIO_VARIANTS:
       raise ValueError(f"ratio_variant must be one of {RATIO_VARIANTS}, "
                        f"got {self.ratio_variant!r}")
+    if self.prompt_len_check not in PROMPT_LEN_CHECKS:
+      raise ValueError(f"prompt_len_check must be one of {PROMPT_LEN_CHECKS}, "
+                       f"got {self.prompt_len_check!r}")
     if self.bucket_growth <= 1.0:
       raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
 
@@ -150,7 +162,15 @@ def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
     raise ValueError(f"{len(advantages)} advantages for {len(turns)} turns")
   plan = [views_for(t.mode, cfg.ratio_variant) for t in turns]
   needed = {(i, v) for i, views in enumerate(plan) for v in views}
+  if cfg.prompt_len_check == "tip_free":   # a turn without tip blocks: its "tips" view is tip-free
+    needed |= {(i, "notips") for i, t in enumerate(turns)
+               if any(TIP_BLOCK_RE.search(m["content"]) for m in t.messages)}
   ids = _tokenize_views(tokenizer, turns, needed)
+
+  def checked_len(i):
+    if cfg.prompt_len_check == "both":
+      return max(len(ids[(i, v)]) for v in plan[i])
+    return len(ids.get((i, "notips"), ids.get((i, "tips"))))
 
   keep, n_long_prompt, n_long_resp = [], 0, 0
   for i, t in enumerate(turns):
@@ -159,7 +179,7 @@ def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
                        f"{len(t.sampler_logprobs)} sampler log-probs")
     if len(t.response_ids) > cfg.response_len:
       n_long_resp += 1
-    elif max(len(ids[(i, v)]) for v in plan[i]) > cfg.max_prompt_len:
+    elif checked_len(i) > cfg.max_prompt_len:
       n_long_prompt += 1
     else:
       keep.append(i)
