@@ -21,6 +21,9 @@ def get_config(arg=None):
   c.env = dict(name="scienceworld", task="power-component", simplification="easy",
                num_train_rows=5, num_test_rows=20, max_steps=0,   # 0: the paper's per-task table
                workers=8, call_timeout_s=120.0, max_retries=3,
+               # 'on_reject': Jaccard-correct only text the parser rejects; 'always' (release): every
+               # action. Ambiguous requests are answered with option 0 in the same step in both.
+               action_correction="on_reject",
                # hashCode=2 (constant identity hash): the simulator lists objects in hash-set order,
                # which otherwise depends on the JVM's history; with it a reset is reproducible in any
                # JVM, so a resumed run sees the observations an uninterrupted one sees.
@@ -37,7 +40,9 @@ def get_config(arg=None):
       ratio_variant="paper",      # 'paper' or 'release' old-log-prob view (SPEC §4)
       intrinsic_reward=True, intrinsic_scale=1.0,
       tip_max_new_tokens=128, tip_temperature=1.0,
-      memory_key="step",          # 'step' (paper-era: each step's transcript) or 'final'
+      memory_key="step",          # 'step' (paper-era: each step's transcript) or 'final' (release)
+      memory_key_text="recent",   # 'recent' (ours: task + latest lines) or 'chat' (release: the
+                                  # chat's first 256 word pieces); agent/actor.py
   )
   c.memory = dict(max_entries=1000, threshold=0.5, top_k=10, encoder_dir="")
 
@@ -45,7 +50,8 @@ def get_config(arg=None):
                 kl_estimator="low_var_kl", entropy_coef=0.0, low_prob_mask=True, low_prob_delta=-5.0)
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
   c.optim = dict(lr=1e-6, weight_decay=0.01, b1=0.9, b2=0.999, grad_clip=1.0,
-                 num_minibatches=1, micro_rows=8, epochs=1, max_prompt_len=4500)
+                 num_minibatches=1, micro_rows=8, epochs=1, max_prompt_len=4500,
+                 prompt_len_check="both")   # or 'tip_free' (release): rl/batch.py
   # num_minibatches: optimizer steps per iteration. The paper's mini-batch is 16 task rows, i.e. the
   # whole iteration's batch: one step. micro_rows: turn samples per forward/backward.
 

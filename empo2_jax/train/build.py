@@ -27,7 +27,16 @@ def check_config(c) -> None:
   if c.empo2.ratio_variant not in ("paper", "release"):
     raise ConfigError(f"empo2.ratio_variant={c.empo2.ratio_variant!r}; valid: paper, release")
   if c.empo2.memory_key not in ("step", "final"):
-    raise ConfigError(f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final")
+    raise ConfigError(f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final (the release "
+                      "keys by the final chat: memory_key=final with memory_key_text=chat)")
+  if c.empo2.memory_key_text not in ("recent", "chat"):
+    raise ConfigError(f"empo2.memory_key_text={c.empo2.memory_key_text!r}; valid: recent, chat")
+  if c.env.action_correction not in ("on_reject", "always"):
+    raise ConfigError(f"env.action_correction={c.env.action_correction!r}; "
+                      "valid: on_reject, always")
+  if c.optim.prompt_len_check not in ("both", "tip_free"):
+    raise ConfigError(f"optim.prompt_len_check={c.optim.prompt_len_check!r}; "
+                      "valid: both, tip_free")
   if c.advantage.estimator not in ("grpo_step", "grpo_rollout", "gigpo"):
     raise ConfigError(f"advantage.estimator={c.advantage.estimator!r}; "
                       "valid: grpo_step, grpo_rollout, gigpo")
@@ -94,7 +103,8 @@ def envs(c):
   from empo2_jax.envs.pool import EnvPool, PoolConfig
   from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
   kw = dict(simplification=c.env.simplification, num_train_rows=c.env.num_train_rows,
-            num_test_rows=c.env.num_test_rows, java_tool_options=c.env.java_tool_options)
+            num_test_rows=c.env.num_test_rows, java_tool_options=c.env.java_tool_options,
+            action_correction=c.env.action_correction)
   if c.env.max_steps:
     kw.update(default_max_steps=c.env.max_steps, max_steps_overrides=())
   env_cfg = SciWorldConfig(**kw)

@@ -73,6 +73,7 @@ class Trainer:
     self.batch_cfg = batch_lib.BatchConfig(
         max_prompt_len=c.optim.max_prompt_len, response_len=c.rollout.max_new_tokens,
         ratio_variant=c.empo2.ratio_variant, pad_id=self.tokenizer.pad_token_id,
+        prompt_len_check=c.optim.prompt_len_check,
         row_multiple=c.optim.num_minibatches * c.optim.micro_rows)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     self.state, self._update = self._init_state(params)
@@ -95,7 +96,8 @@ class Trainer:
         top_p=c.rollout.top_p, top_k=c.rollout.top_k,
         tip_max_new_tokens=c.empo2.tip_max_new_tokens, tip_temperature=c.empo2.tip_temperature,
         intrinsic_scale=c.empo2.intrinsic_scale, intrinsic_reward=c.empo2.intrinsic_reward,
-        memory_key=c.empo2.memory_key, cache_dtype=c.rollout.cache_dtype), mesh=self.mesh)
+        memory_key=c.empo2.memory_key, memory_key_text=c.empo2.memory_key_text,
+        cache_dtype=c.rollout.cache_dtype), mesh=self.mesh)
     self.rng = jax.random.PRNGKey(c.seed)
     self.iteration = 0
     self.row_cursor = 0
