@@ -130,3 +130,58 @@ def test_sft_steps_lower_the_answer_loss_and_micro_batches_match_one_batch(tok):
     state, _ = two(state, batch)
   after = float(evaluate(state.params, batch))
   assert after < 0.5 * before, (before, after)
+
+
+def test_packed_logprobs_and_gradients_equal_the_per_turn_layout():
+  """One packed row per episode == one left-padded row per turn (rl/logprobs.response_logprobs),
+  for values and for the gradient of a weighted sum, at 1e-5."""
+  from empo2_jax.rl.logprobs import response_logprobs
+  from empo2_jax.rl.packing import packed_response_logprobs
+  cfg, params = _tiny(300)
+  rng = np.random.default_rng(1)
+  R = 4
+  episodes = []
+  for n_turns in (3, 2):
+    prompts_, resps, prompt = [], [], list(rng.integers(0, 300, 5))
+    for t in range(n_turns):
+      resp = list(rng.integers(0, 300, int(rng.integers(1, R + 1))))
+      prompts_.append(prompt)
+      resps.append(resp)
+      prompt = prompt + resp + list(rng.integers(0, 300, 3))
+    episodes.append((prompts_, resps))
+  rows = [pack_turns(*e)[0] for e in episodes]
+  batch = sft.pad_rows(rows, 0, bucket=8)
+  T = 3
+  starts = np.ones((2, T), np.int32)
+  weights = np.zeros((2, T, R), np.float32)
+  for b, r in enumerate(rows):
+    for t, (s, n) in enumerate(r.spans):
+      starts[b, t] = s
+      weights[b, t, :n] = rng.normal(size=n)
+  # Per-turn layout: prompt left-padded to P, response right-padded to R.
+  turns = [(p, r) for e in episodes for p, r in zip(*e)]
+  P = max(len(p) for p, _ in turns)
+  tok = np.zeros((len(turns), P + R), np.int32)
+  att = np.zeros_like(tok)
+  for i, (p, r) in enumerate(turns):
+    tok[i, P - len(p):P], att[i, P - len(p):P] = p, 1
+    tok[i, P:P + len(r)], att[i, P:P + len(r)] = r, 1
+  w_turn = np.concatenate([weights[0, :3], weights[1, :2]])
+
+  def packed(p):
+    lp = packed_response_logprobs(p, cfg, batch["tokens"], batch["attn"], starts, R,
+                                  chunk_size=128)
+    return jnp.sum(jnp.where(weights != 0, lp, 0.0) * weights), lp
+
+  def per_turn(p):
+    lp = response_logprobs(p, cfg, tok, att, R, chunk_size=128)
+    return jnp.sum(jnp.where(w_turn != 0, lp, 0.0) * w_turn), lp
+
+  (v1, lp1), g1 = jax.value_and_grad(packed, has_aux=True)(params)
+  (v2, lp2), g2 = jax.value_and_grad(per_turn, has_aux=True)(params)
+  lp1 = np.concatenate([np.asarray(lp1)[0, :3], np.asarray(lp1)[1, :2]])
+  np.testing.assert_allclose(np.where(w_turn != 0, lp1, 0), np.where(w_turn != 0, lp2, 0),
+                             atol=1e-5)
+  np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

@@ -19,6 +19,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import jax.numpy as jnp
+
+from empo2_jax.model import qwen2
+from empo2_jax.rl.logprobs import token_logprobs
+
 
 @dataclasses.dataclass
 class PackedRow:
@@ -51,4 +56,34 @@ def pack_turns(prompts: Sequence[Sequence[int]],
   return rows
 
 
-__all__ = ["PackedRow", "pack_turns"]
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel: log-probs of every packed turn's response
+# ---------------------------------------------------------------------------------------------
+
+def packed_response_logprobs(params, config, tokens_bl, attn_bl, starts_bt, response_len: int, *,
+                             temperature: float = 1.0, chunk_size: int = 8192,
+                             with_entropy: bool = False):
+  """Log-probs [B, T, R] of the R tokens from each span start (one forward per packed row).
+
+  tokens_bl / attn_bl [B, L]: packed rows (right padding). starts_bt [B, T] int32: the first
+  response position of each packed turn (>= 1). Entry [b, t, j] is log p(tokens[b, s + j] |
+  tokens[b, :s + j]) with s = starts[b, t]; positions past the row end are clamped and must be
+  masked by the caller (the response mask), as must padding turns. Only the B*T*R hidden states
+  that predict response tokens go through the vocabulary projection.
+  """
+  length = tokens_bl.shape[1]
+  hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
+  pos = starts_bt[:, :, None] + jnp.arange(response_len)[None, None, :]            # [B, T, R]
+  tgt_pos = jnp.clip(pos, 0, length - 1)
+  h_pos = jnp.clip(pos - 1, 0, length - 1)
+  b_idx = jnp.arange(tokens_bl.shape[0])[:, None, None]
+  h_btrd = hidden[b_idx, h_pos]
+  targets = tokens_bl[b_idx, tgt_pos]
+  return token_logprobs(h_btrd, qwen2.output_embedding(params, config), targets,
+                        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+
+
+__all__ = ["PackedRow", "pack_turns", "packed_response_logprobs"]
