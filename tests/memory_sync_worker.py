@@ -21,7 +21,7 @@ import jax  # noqa: E402
 
 from empo2_jax.memory.reflect import MemoryWrite  # noqa: E402
 from empo2_jax.memory.store import MemoryStore  # noqa: E402
-from empo2_jax.memory.sync import gather_and_commit  # noqa: E402
+from empo2_jax.memory.sync import allgather_bytes, gather_and_commit  # noqa: E402
 from empo2_jax.parallel import mesh as pmesh  # noqa: E402
 
 DIM = 384
@@ -73,10 +73,12 @@ def main(out_path, addr, nproc, pid):
   store, enc = MemoryStore(dim=DIM), HashEncoder()
   gathered = []
   for call, iteration in ((0, 5), (1, 6)):
-    g = gather_and_commit(store, enc, writes_for(pid, call), iteration)
+    g, _ = gather_and_commit(store, enc, writes_for(pid, call), iteration)
     gathered.append({"slots": [list(s) for s in g.slots], "texts": g.texts})
+  payload = b"" if pid == 0 else "p1 bytes \u2713".encode("utf-8")   # empty on process 0
   out = {"pid": pid, "processes": jax.process_count(), "devices": jax.device_count(),
-         "gathered": gathered, "store": canonical(store)}
+         "gathered": gathered, "store": canonical(store),
+         "bytes": [b.decode("utf-8") for b in allgather_bytes(payload)]}
   with open(out_path, "w") as f:
     json.dump(out, f, sort_keys=True)
   jax.distributed.shutdown()

@@ -4,7 +4,8 @@ import pytest
 
 from empo2_jax.memory.reflect import MemoryWrite
 from empo2_jax.memory.store import MemoryStore
-from empo2_jax.memory.sync import EntryBatch, allgather_entries, gather_and_commit
+from empo2_jax.memory.sync import (EntryBatch, allgather_bytes, allgather_entries,
+                                   gather_and_commit)
 
 
 def batch(n=3, d=5, seed=0):
@@ -38,7 +39,16 @@ def test_single_process_gather_is_identity_and_commit_adds():
 
     store = MemoryStore(dim=4)
     writes = [MemoryWrite(("t", 0), "a", 1.0, "key one"), MemoryWrite(("t", 0), "b", 2.0, "key")]
-    g = gather_and_commit(store, FakeEncoder(), writes, iteration=3)
+    g, uids = gather_and_commit(store, FakeEncoder(), writes, iteration=3)
     assert g.texts == ["a", "b"] and store.slot(("t", 0)).texts == ["a", "b"]
+    assert uids == list(store.slot(("t", 0)).uids)
     assert store.slot(("t", 0)).iterations.tolist() == [3, 3]
-    assert len(gather_and_commit(store, FakeEncoder(), [], iteration=4)) == 0
+    g, uids = gather_and_commit(store, FakeEncoder(), writes[:1], iteration=4)
+    assert g.texts == ["a"] and uids == [None]          # a duplicate text is rejected
+    g, uids = gather_and_commit(store, FakeEncoder(), [], iteration=4)
+    assert len(g) == 0 and uids == []
+
+
+def test_single_process_allgather_bytes_is_identity():
+    assert allgather_bytes(b"\x00abc") == [b"\x00abc"]
+    assert allgather_bytes(b"") == [b""]

@@ -48,6 +48,9 @@ def test_two_processes_end_with_identical_union_memory(tmp_path):
       "p1 tip: find the ice", "shared tip", "p1 tip: water it — ünïcode"]
   assert a["gathered"][1]["texts"] == ["p0 tip: second call"]   # process 1 wrote nothing
 
+  # The raw byte gather: payloads of different lengths (one empty), in process order
+  assert a["bytes"] == b["bytes"] == ["", "p1 bytes \u2713"]
+
   # Identical stores (byte-identical state_dict), holding the union of the writes.
   assert a["store"] == b["store"]
   slots = {tuple(s["slot"]): s for s in a["store"]["slots"]}
