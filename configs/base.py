@@ -14,8 +14,11 @@ def get_config(arg=None):
 
   # Policy model: a Hugging Face Qwen2 checkpoint directory (local or gs://), or a preset with
   # random init (`checkpoint=''` and `random_init=True`, only sensible for tests and the CPU demo).
+  # param_dtype: storage of the trained weights = the fp32 masters (AdamW moments follow them);
+  # bfloat16 storage is refused for training (an lr-1e-6 step rounds away). compute_dtype: the
+  # matmuls, cast from the masters per layer inside the jitted step (bf16 on TPU).
   c.model = dict(preset="7b", checkpoint="", random_init=False, tokenizer="",
-                 param_dtype="bfloat16", compute_dtype="bfloat16", remat="full")
+                 param_dtype="float32", compute_dtype="bfloat16", remat="full")
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
 
   c.env = dict(name="scienceworld", task="power-component", simplification="easy",
@@ -50,10 +53,13 @@ def get_config(arg=None):
                 kl_estimator="low_var_kl", entropy_coef=0.0, low_prob_mask=True, low_prob_delta=-5.0)
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
   c.optim = dict(lr=1e-6, weight_decay=0.01, b1=0.9, b2=0.999, grad_clip=1.0,
-                 num_minibatches=1, micro_rows=8, epochs=1, max_prompt_len=4500,
+                 minibatch_size=128, micro_rows=8, epochs=1, max_prompt_len=4500,
                  prompt_len_check="both")   # or 'tip_free' (release): rl/batch.py
-  # num_minibatches: optimizer steps per iteration. The paper's mini-batch is 16 task rows, i.e. the
-  # whole iteration's batch: one step. micro_rows: turn samples per forward/backward.
+  # minibatch_size: turn samples per optimizer step. An iteration's samples are shuffled and split
+  # into ceil(N / minibatch_size) mini-batches, one step each (verl: 16 x 8 = 128 turn samples,
+  # i.e. ~15-30 steps per iteration of 128 ScienceWorld episodes). micro_rows: turn samples per
+  # forward/backward (gradient accumulation). max_prompt_len + rollout.max_new_tokens must fit
+  # rollout.max_context.
 
   c.train = dict(iterations=250, eval_every=20, eval_temperature=0.4, eval_repeats=4,
                  eval_with_memory=False, eval_at_end=True, checkpoint_every=10, keep_checkpoints=3,

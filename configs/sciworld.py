@@ -65,9 +65,11 @@ def get_config(arg=None):
     # of retrieved tips differs between steps, so memory iterations get non-zero advantages.
     c.memory.threshold = 0.95
     c.optim.lr = 1e-3
-    c.optim.num_minibatches = 1
-    c.optim.micro_rows = 8
-    c.optim.max_prompt_len = 6144
+    # 2 rows x 2 rollouts x <= 4 turns = 16 samples: 4 shuffled mini-batches, as the paper's
+    # 128 episodes give ~15-30 of 128 samples.
+    c.optim.minibatch_size = 4
+    c.optim.micro_rows = 4
+    c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
     c.train.iterations = 4      # seed 0 draws on_tips, on, off, on
     c.train.eval_every = 2
     c.train.eval_repeats = 1

@@ -17,8 +17,11 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chi
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import importlib  # noqa: E402
+import importlib.util  # noqa: E402
 
 from empo2_jax.parallel import aot  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Modules that register further programs (train_step: the EMPO2 update; sampler, sampler_prefill).
 PROGRAM_MODULES = ("empo2_jax.rl.aot", "empo2_jax.sampling.aot")
@@ -26,17 +29,32 @@ for _module in PROGRAM_MODULES:
   importlib.import_module(_module)
 
 
+def base_config():
+  """configs/base.py's config: the dtypes, remat and mesh that training uses by default."""
+  spec = importlib.util.spec_from_file_location("empo2_configs_base",
+                                                os.path.join(ROOT, "configs", "base.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
 def main(argv=None) -> int:
+  c = base_config()
+  mesh = ",".join(f"{k}={v}" for k, v in c.mesh.items())
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--program", required=True, help=f"one of {sorted(aot.PROGRAMS)}")
   p.add_argument("--preset", required=True, help="model preset, e.g. 0.5b, 7b, tiny")
   p.add_argument("--topology", required=True, help=f"e.g. {', '.join(aot.TOPOLOGY_EXAMPLES)}")
   p.add_argument("--batch", type=int, required=True, help="global batch (rows)")
   p.add_argument("--seq", type=int, required=True, help="tokens per row")
-  p.add_argument("--mesh", default="data=1,fsdp=-1,tensor=1")
-  p.add_argument("--remat", default="full", help="none | full | dots_saveable")
-  p.add_argument("--param_dtype", default="float32")
-  p.add_argument("--compute_dtype", default="bfloat16")
+  # Defaults are the training defaults of configs/base.py, nothing else.
+  p.add_argument("--mesh", default=mesh, help=f"default {mesh} (configs/base.py)")
+  p.add_argument("--remat", default=c.model.remat,
+                 help=f"none | full | dots_saveable; default {c.model.remat} (configs/base.py)")
+  p.add_argument("--param_dtype", default=c.model.param_dtype,
+                 help=f"weight storage; default {c.model.param_dtype} (configs/base.py)")
+  p.add_argument("--compute_dtype", default=c.model.compute_dtype,
+                 help=f"matmul dtype; default {c.model.compute_dtype} (configs/base.py)")
   p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation steps")
   p.add_argument("--loss_chunk", type=int, default=512, help="tokens per vocab-projection chunk")
   p.add_argument("--hbm_gib", type=float, default=None, help="override the chip's HBM (what-if)")

@@ -93,7 +93,7 @@ def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
   old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
   min_old = np.where(batch["response_mask"] > 0, old, np.inf).min(1)
   delta = float(np.median(min_old[np.isfinite(min_old)]))  # masks about half of the samples
-  cfg = UpdateConfig(learning_rate=1e-3, num_minibatches=n_minibatches, micro_rows=micro_rows,
+  cfg = UpdateConfig(learning_rate=1e-3, minibatch_size=B // n_minibatches, micro_rows=micro_rows,
                      vocab_chunk=100, loss=LossConfig(low_prob_delta=delta))
   # SGD: Adam's g / (|g| + eps) would amplify float-rounding differences of near-zero gradients
   opt = optax.sgd(0.05)
@@ -108,7 +108,10 @@ def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
   assert moved > 1e-4
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-  assert int(state.step) == n_minibatches
+  assert int(state.step) == n_minibatches == int(met["optim_steps"])
+  moved_norm = np.sqrt(sum(float(jnp.sum((a - b) ** 2)) for a, b in
+                           zip(jax.tree.leaves(state.params), jax.tree.leaves(params))))
+  np.testing.assert_allclose(met["param_update_norm"], moved_norm, rtol=1e-4)
   np.testing.assert_allclose(met["masked_frac"], masked.sum() / 7, rtol=1e-6)
   m = batch["response_mask"] > 0
   np.testing.assert_allclose(met["sampler_vs_old_logp_absdiff"],
@@ -149,6 +152,8 @@ def test_kl_needs_reference_and_bad_rows_rejected():
   np.testing.assert_allclose(met["kl_ref"], 0.0, atol=1e-6)
   with pytest.raises(ValueError, match="multiple"):
     make_update_fn(MODEL, UpdateConfig(micro_rows=3), donate=False)(state, batch)
+  with pytest.raises(ValueError, match="slot"):   # 8 rows are not whole slots of 6
+    make_update_fn(MODEL, UpdateConfig(minibatch_size=6, micro_rows=2), donate=False)(state, batch)
 
 
 SHARDED_SCRIPT = textwrap.dedent("""
@@ -159,7 +164,7 @@ SHARDED_SCRIPT = textwrap.dedent("""
     from empo2_jax.rl.losses import LossConfig
     from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
     assert jax.device_count() == 8, jax.devices()
-    cfg = UpdateConfig(learning_rate=1e-3, num_minibatches=2, micro_rows=8, vocab_chunk=100,
+    cfg = UpdateConfig(learning_rate=1e-3, minibatch_size=16, micro_rows=8, vocab_chunk=100,
                        adam_eps=1e-4, loss=LossConfig(low_prob_mask=False))
     batch = jax.tree.map(jnp.asarray, make_batch(7, rows=32))
     params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))

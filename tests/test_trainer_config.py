@@ -63,3 +63,40 @@ def test_train_cli_errors_fast():
   out = subprocess.run(cmd + ["--config.empo2.p_memry=0.1"], capture_output=True, text=True,
                        timeout=120)
   assert out.returncode != 0 and "p_memory" in out.stderr and "p_memry" in out.stderr
+
+
+def test_default_precision_and_minibatches():
+  """fp32 masters + bf16 compute, the paper's 128-sample mini-batches; launch/aot.py and the
+  update default to exactly these values."""
+  from empo2_jax.rl.update import UpdateConfig
+  c = sciworld.get_config()
+  assert (c.model.param_dtype, c.model.compute_dtype) == ("float32", "bfloat16")
+  assert c.optim.minibatch_size == UpdateConfig.minibatch_size == 128
+  assert c.optim.lr == UpdateConfig.learning_rate and c.optim.epochs == 1
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("launch_aot",
+                                                os.path.join(ROOT, "launch", "aot.py"))
+  aot_cli = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(aot_cli)
+  base = aot_cli.base_config()
+  assert (base.model.param_dtype, base.model.compute_dtype, base.model.remat) == (
+      c.model.param_dtype, c.model.compute_dtype, c.model.remat)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("model.param_dtype", "bfloat16", "master weights"),
+    ("model.param_dtype", "fp32", "valid"),
+    ("model.compute_dtype", "bf16", "compute_dtype"),
+    ("rollout.cache_dtype", "int8", "cache_dtype"),
+    ("optim.minibatch_size", 0, "minibatch_size"),
+    ("optim.micro_rows", 0, "micro_rows"),
+    ("optim.max_prompt_len", 8000, "max_context"),
+])
+def test_config_checks_fail_at_once(field, value, match):
+  c = sciworld.get_config("cpu")
+  check_config(c)                       # the cpu variant itself is valid (prompt + response fit)
+  assert c.optim.max_prompt_len + c.rollout.max_new_tokens <= c.rollout.max_context
+  section, key = field.split(".")
+  c[section][key] = value
+  with pytest.raises(ConfigError, match=match):
+    check_config(c)

@@ -3,12 +3,15 @@
 Importing this module adds the program; `launch/aot.py` must import it to offer it:
 
     python launch/aot.py --program=train_step --preset=7b --topology=v5p:2x2x1 \
-        --batch=128 --seq=4532 --microbatches=32 --remat=full
+        --batch=128 --seq=4532 --microbatches=32
 
-The request's batch is the number of turn samples (rows), seq the padded prompt + response length
-(the last RESPONSE_LEN columns are the response), microbatches the gradient-accumulation steps of
-the single mini-batch. Params and AdamW state are sharded by the QWEN2_RULES, rows over
-(data, fsdp).
+The request's batch is the number of turn samples (rows) of one update call, seq the padded
+prompt + response length (the last RESPONSE_LEN columns are the response). The rows form
+batch / minibatch_size mini-batches of UpdateConfig's default minibatch_size (128, SPEC §1 item 5),
+or one mini-batch when batch is smaller; microbatches is the gradient-accumulation steps of one
+mini-batch. Params (fp32 masters unless the request says otherwise: the update refuses other
+storage) and AdamW state are sharded by the QWEN2_RULES, rows over (data, fsdp). Memory hardly
+depends on the number of mini-batches (their rows are data, processed one at a time).
 """
 from __future__ import annotations
 
@@ -50,13 +53,18 @@ def update_flops(config, rows: int, length: int, response_len: int) -> float:
 def _train_step(config, mesh, req):
   if req.seq <= RESPONSE_LEN:
     raise ValueError(f"seq={req.seq} must exceed the response length {RESPONSE_LEN}")
-  if req.batch % req.num_microbatches:
-    raise ValueError(f"batch={req.batch} must be a multiple of microbatches="
+  minibatch = min(UpdateConfig.minibatch_size, req.batch)
+  if req.batch % minibatch:
+    raise ValueError(f"batch={req.batch} must be a multiple of the mini-batch size {minibatch} "
+                     "(UpdateConfig.minibatch_size)")
+  if minibatch % req.num_microbatches:
+    raise ValueError(f"the mini-batch of {minibatch} rows must be a multiple of microbatches="
                      f"{req.num_microbatches}")
-  # The cost probe (aot._probe_cost) asks for loss_chunk == seq and needs loop-free programs:
-  # then project the whole vocabulary in one chunk, as XLA counts a loop body once.
+  # The cost probe (aot._probe_cost) asks for loss_chunk == seq and one micro-batch: then project
+  # the whole vocabulary in one chunk, as XLA counts a loop body once.
   chunk = config.vocab_size if req.loss_chunk == req.seq else VOCAB_CHUNK
-  cfg = UpdateConfig(micro_rows=req.batch // req.num_microbatches, vocab_chunk=chunk)
+  cfg = UpdateConfig(minibatch_size=minibatch, micro_rows=minibatch // req.num_microbatches,
+                     vocab_chunk=chunk)
   opt = make_optimizer(cfg)
   state = jax.eval_shape(
       lambda: init_train_state(qwen2.init_params(config, jax.random.key(0)), opt))

@@ -1,5 +1,6 @@
 """The EMPO2 update as one jitted function: old log-probs, low-prob mask, PPO mini-batches.
 
+    batch = rl.minibatch.arrange(batch, cfg, seed=(config.seed, iteration))  # shuffled layout
     state, metrics = update_fn(state, batch)            # batch from rl/batch.build_batch
     state, metrics = update_fn(state, batch, ref_params)  # with LossConfig.kl_coef > 0
 
@@ -7,14 +8,27 @@ Inside one call:
   1. old log-probs of the "old" view for every row, in micro-batches, without gradient (SPEC §4:
      the trainer recomputes them, so the ratio starts at 1 when both views agree);
   2. the low-probability sample mask from those old log-probs (SPEC §5);
-  3. for each PPO epoch and each mini-batch: gradients summed over micro-batches (loss
-     denominators are the mini-batch's token / sequence counts, so accumulation equals one large
-     batch), then one optax step (global-norm clipping + AdamW).
+  3. for each PPO epoch and each mini-batch holding samples: gradients summed over its
+     micro-batches (loss denominators are that mini-batch's own token / sequence counts, so
+     accumulation equals one large batch), then one optax step (global-norm clipping + AdamW).
+     After the first step the policy has moved, so the ratio of later mini-batches leaves 1 and
+     clipping acts (SPEC §1 item 5: verl's mini-batches of 128 turn samples, 1 epoch).
 
-Rows are assigned to micro-batches with a stride: row b goes to chunk b % n_chunks. With the batch
-sharded over its row axis, every micro-batch is then spread evenly over all devices and the
-reshape is local. Mini-batch k is chunks [k*n_micro, (k+1)*n_micro).
-B must be a multiple of num_minibatches * micro_rows (set BatchConfig.row_multiple to it).
+Row layout. The B rows are S mini-batch slots of M = min(cfg.minibatch_rows, B) rows each, M a
+multiple of micro_rows. Rows are assigned to micro-batches with a stride: row b goes to chunk
+b % (B // micro_rows), and slot k is chunks [k * M/micro_rows, (k+1) * M/micro_rows). With the
+batch sharded over its row axis, every micro-batch is then spread evenly over all devices and the
+reshape is local. rl/minibatch.arrange builds this layout from build_batch's rows (shuffled).
+
+Shapes stay static, counts are dynamic: a slot without real samples (sample_index < 0 on all its
+rows) takes no optimizer step, and a chunk without response tokens is neither forwarded nor
+differentiated (loops run over the non-empty ones only, in a while loop of dynamic trip count).
+So padding rows cost no compute, and the jitted update compiles once per (B, L) shape.
+
+Precision: params are fp32 master weights (and so are the AdamW moments and the gradients); the
+model casts each weight to `compute_dtype` where it is used, so with compute_dtype=bfloat16 the
+matmuls run in bf16 from the fp32 masters inside the jitted step. bf16 storage is refused:
+one lr-1e-6 step is ~1% of a bf16 ulp at |w| = 0.02 and rounds away.
 """
 from __future__ import annotations
 
@@ -28,6 +42,8 @@ import optax
 from empo2_jax.rl.logprobs import response_logprobs
 from empo2_jax.rl.losses import LossConfig, apply_low_prob_mask, policy_loss
 
+MASTER_DTYPE = "float32"
+
 
 @dataclasses.dataclass(frozen=True)
 class UpdateConfig:
@@ -37,12 +53,22 @@ class UpdateConfig:
   adam_b2: float = 0.999
   adam_eps: float = 1e-8
   max_grad_norm: float = 1.0
-  num_minibatches: int = 1  # optimizer steps per epoch
+  minibatch_size: int = 128  # turn samples per optimizer step (verl: 16 rows x 8 rollouts)
   micro_rows: int = 8  # rows per forward/backward (gradient accumulation unit)
   ppo_epochs: int = 1
   temperature: float = 1.0  # the sampler's training temperature
   vocab_chunk: int = 8192
   loss: LossConfig = LossConfig()
+
+  def __post_init__(self):
+    for name in ("minibatch_size", "micro_rows", "ppo_epochs", "vocab_chunk"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"UpdateConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+  @property
+  def minibatch_rows(self) -> int:
+    """Rows of one mini-batch slot: minibatch_size rounded up to a multiple of micro_rows."""
+    return -(-self.minibatch_size // self.micro_rows) * self.micro_rows
 
 
 class TrainState(NamedTuple):
@@ -51,7 +77,8 @@ class TrainState(NamedTuple):
   step: jax.Array  # int32 scalar: optimizer steps taken
 
 
-def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
+def make_optimizer(cfg) -> optax.GradientTransformation:
+  """Global-norm clipping + AdamW. The moments take the params' dtype: fp32 with fp32 masters."""
   return optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm),
       optax.adamw(cfg.learning_rate, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
@@ -60,6 +87,17 @@ def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
 
 def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainState:
   return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+
+def check_master_dtype(model_config) -> None:
+  """The update trains fp32 master weights; anything else cannot take an lr-1e-6 step."""
+  if model_config.param_dtype != MASTER_DTYPE:
+    raise ValueError(
+        f"model param_dtype={model_config.param_dtype!r}: the update keeps {MASTER_DTYPE} master "
+        "weights (and AdamW moments). In bfloat16 storage an lr-1e-6 AdamW step is far below "
+        "half an ulp of a typical weight and rounds back to the old value, so nothing would be "
+        "learned. Use param_dtype='float32' with compute_dtype='bfloat16' (bf16 matmuls from "
+        "fp32 masters).")
 
 
 def _to_chunks(x, n_chunks):
@@ -74,6 +112,31 @@ def _from_chunks(x):
   return x.reshape((-1,) + x.shape[2:])
 
 
+def _index(tree, i):
+  return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
+
+
+def _nonempty_loop(keep, body, carry):
+  """carry = body(j, carry) for the indices j with keep[j] (in order); a dynamic trip count."""
+  order = jnp.argsort(jnp.where(keep, 0, 1), stable=True)  # kept indices first, in order
+  return jax.lax.fori_loop(0, jnp.sum(keep.astype(jnp.int32)),
+                           lambda i, c: body(order[i], c), carry)
+
+
+def _map_nonempty(f, xs, keep):
+  """[f(x_j) if keep[j] else zeros for j] stacked, f run on the kept leading slices only."""
+  out_shape = jax.eval_shape(f, _index(xs, 0))
+  out = jnp.zeros((keep.shape[0],) + out_shape.shape, out_shape.dtype)
+  return _nonempty_loop(
+      keep, lambda j, o: jax.lax.dynamic_update_index_in_dim(o, f(_index(xs, j)), j, 0), out)
+
+
+def _combine(total, met):
+  """Running combination of per-step (or per-micro-batch) metrics: sums, and a max for ratio_max."""
+  return {k: (jnp.maximum(total[k], v) if k == "ratio_max" else total[k] + v)
+          for k, v in met.items()}
+
+
 def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sharding=None,
                    state_sharding=None, donate: bool = True):
   """Returns jitted update(state, batch[, ref_params]) -> (state, metrics).
@@ -82,7 +145,13 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
   TrainState-shaped tree of shardings) pins the output state to the same layout (needed for the
   donated buffers to be reused when compiling ahead of time). `batch_sharding` (e.g.
   parallel.sharding.batch_sharding(mesh)) constrains every micro-batch along its row axis.
+
+  metrics: the per-step loss metrics (loss, pg_loss, clipfrac_*, ratio_mean, approx_kl, entropy,
+  grad_norm, ...) averaged over the optimizer steps taken (ratio_max: their max); optim_steps;
+  param_update_norm = ||params_after - params_before|| (global norm); masked_frac,
+  sampler_vs_old_logp_absdiff, old_logp_mean, n_tokens over the whole batch.
   """
+  check_master_dtype(model_config)
   optimizer = optimizer or make_optimizer(cfg)
   lcfg = cfg.loss
 
@@ -96,10 +165,11 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
                              temperature=cfg.temperature, chunk_size=cfg.vocab_chunk,
                              with_entropy=with_entropy)
 
-  def no_grad_logp(params, tokens_c, attn_c, resp_len):
-    """[n_chunks, mb, L] -> [n_chunks, mb, R], one micro-batch at a time."""
+  def no_grad_logp(params, tokens_c, attn_c, resp_len, keep_c):
+    """[n_chunks, mb, L] -> [n_chunks, mb, R] (zeros on chunks without response tokens)."""
     params = jax.lax.stop_gradient(params)
-    return jax.lax.map(lambda ta: logp_fn(params, *constrain(ta), resp_len), (tokens_c, attn_c))
+    return _map_nonempty(lambda ta: logp_fn(params, *constrain(ta), resp_len),
+                         (tokens_c, attn_c), keep_c)
 
   def loss_fn(params, d, token_denom, seq_denom):
     logp, ent = logp_fn(params, d["cur_tokens"], d["cur_attn"], d["mask"].shape[1], True)
@@ -108,19 +178,24 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
                        seq_denom=seq_denom)
 
   def minibatch_step(state: TrainState, d):
-    """d: leaves [n_micro, mb, ...] -> one optimizer step."""
+    """d: leaves [n_micro, mb, ...] -> one optimizer step and its metrics."""
     mask = d["mask"]
     token_denom = jnp.sum(mask)
     seq_denom = jnp.sum(jnp.any(mask > 0, axis=-1))
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    met_shape = jax.eval_shape(lambda: grad_fn(state.params, _index(d, 0), token_denom,
+                                               seq_denom)[0][1])
 
-    def micro(grads, dm):
-      (_, met), g = jax.value_and_grad(loss_fn, has_aux=True)(
-          state.params, constrain(dm), token_denom, seq_denom)
-      return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g), met
+    def micro(j, carry):
+      grads, met_sum = carry
+      (_, met), g = grad_fn(state.params, constrain(_index(d, j)), token_denom, seq_denom)
+      grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+      return grads, _combine(met_sum, met)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    grads, met = jax.lax.scan(micro, zeros, d)
-    met = {k: (jnp.max(v) if k == "ratio_max" else jnp.sum(v)) for k, v in met.items()}
+    met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
+    # A micro-batch without response tokens adds exactly zero to every sum: skipped.
+    grads, met = _nonempty_loop(jnp.any(mask > 0, axis=(1, 2)), micro, (zeros, met0))
     met["grad_norm"] = optax.global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -128,14 +203,22 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
 
   def update(state: TrainState, batch, ref_params=None):
     n_rows, resp_len = batch["response_mask"].shape
-    n_mb = cfg.num_minibatches
-    if n_rows % (n_mb * cfg.micro_rows):
-      raise ValueError(f"batch rows {n_rows} must be a multiple of num_minibatches * "
-                       f"micro_rows = {n_mb * cfg.micro_rows} (BatchConfig.row_multiple)")
+    if n_rows % cfg.micro_rows:
+      raise ValueError(f"batch rows {n_rows} must be a multiple of micro_rows={cfg.micro_rows} "
+                       "(lay the batch out with rl/minibatch.arrange)")
+    slot_rows = min(cfg.minibatch_rows, n_rows)
+    if n_rows % slot_rows:
+      raise ValueError(f"batch rows {n_rows} must be a multiple of the mini-batch slot "
+                       f"{slot_rows} rows (minibatch_size={cfg.minibatch_size} rounded up to "
+                       f"micro_rows={cfg.micro_rows}); lay it out with rl/minibatch.arrange")
     n_chunks = n_rows // cfg.micro_rows
-    used = ("cur_tokens", "cur_attn", "old_tokens", "old_attn", "advantages")
+    n_slots = n_rows // slot_rows
+    used = ("cur_tokens", "cur_attn", "old_tokens", "old_attn", "advantages", "response_mask",
+            "sample_index")
     ch = {k: _to_chunks(batch[k], n_chunks) for k in used}
-    old_logp = no_grad_logp(state.params, ch["old_tokens"], ch["old_attn"], resp_len)
+    has_tokens_c = jnp.any(ch["response_mask"] > 0, axis=(1, 2))  # [n_chunks]
+    old_logp = no_grad_logp(state.params, ch["old_tokens"], ch["old_attn"], resp_len,
+                            has_tokens_c)
 
     full_mask = batch["response_mask"]
     old_flat = _from_chunks(old_logp)
@@ -154,15 +237,34 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
     if lcfg.kl_coef:
       if ref_params is None:
         raise ValueError("LossConfig.kl_coef > 0: pass ref_params to the update")
-      data["ref_logp"] = no_grad_logp(ref_params, ch["cur_tokens"], ch["cur_attn"], resp_len)
-    # [n_chunks, mb, ...] -> [n_minibatches, n_micro, mb, ...]
-    data = jax.tree.map(lambda x: x.reshape((n_mb, n_chunks // n_mb) + x.shape[1:]), data)
+      data["ref_logp"] = no_grad_logp(ref_params, ch["cur_tokens"], ch["cur_attn"], resp_len,
+                                      has_tokens_c)
+    # [n_chunks, mb, ...] -> [n_slots, n_micro, mb, ...]
+    split = lambda x: x.reshape((n_slots, n_chunks // n_slots) + x.shape[1:])  # noqa: E731
+    data = jax.tree.map(split, data)
+    # A slot with real samples takes a step even if the low-prob mask emptied it (as verl's
+    # optimizer.step() does: AdamW momentum and weight decay still apply).
+    has_samples_s = jnp.any(split(ch["sample_index"]) >= 0, axis=(1, 2))  # [n_slots]
 
-    def epoch(state, _):
-      return jax.lax.scan(minibatch_step, state, data)
+    met_shape = jax.eval_shape(lambda s: minibatch_step(s, _index(data, 0))[1], state)
+    met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
 
-    state, met = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
-    met = {k: (jnp.max(v) if k == "ratio_max" else jnp.mean(v)) for k, v in met.items()}
+    def step(k, carry):
+      state, met_sum = carry
+      state, met = minibatch_step(state, _index(data, k))
+      return state, _combine(met_sum, met)
+
+    def epoch(_, carry):
+      return _nonempty_loop(has_samples_s, step, carry)
+
+    params_before = state.params
+    state, met_sum = jax.lax.fori_loop(0, cfg.ppo_epochs, epoch, (state, met0))
+    steps = cfg.ppo_epochs * jnp.sum(has_samples_s.astype(jnp.int32))
+    met = {k: (v if k == "ratio_max" else v / jnp.maximum(steps, 1)) for k, v in met_sum.items()}
+    met["optim_steps"] = steps
+    met["param_update_norm"] = optax.global_norm(
+        jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), state.params,
+                     params_before))
     met.update(pre)
     return state, met
 

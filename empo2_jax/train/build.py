@@ -55,6 +55,34 @@ def check_config(c) -> None:
     raise ConfigError(f"env.task={c.env.task!r}; valid: {', '.join(ALL_TASKS)}")
   if c.model.checkpoint and c.model.random_init:
     raise ConfigError("model.checkpoint and model.random_init are both set; pick one")
+  _check_numerics(c)
+
+
+def _check_numerics(c) -> None:
+  """dtypes, mini-batching and lengths (SPEC §1 item 5, §8)."""
+  for key, value in (("model.param_dtype", c.model.param_dtype),
+                     ("model.compute_dtype", c.model.compute_dtype),
+                     ("rollout.cache_dtype", c.rollout.cache_dtype)):
+    if value not in model_configs.DTYPES:
+      raise ConfigError(f"{key}={value!r}; valid: {', '.join(sorted(model_configs.DTYPES))}")
+  if c.model.param_dtype != "float32":
+    raise ConfigError(
+        f"model.param_dtype={c.model.param_dtype!r}: training keeps float32 master weights and "
+        "AdamW moments. In bfloat16 storage an lr-1e-6 AdamW step is far below half an ulp of a "
+        "typical weight (~1% of an ulp at |w| = 0.02) and rounds back to the old value, so the "
+        "policy would not learn. Set --config.model.param_dtype=float32; "
+        "--config.model.compute_dtype=bfloat16 keeps the matmuls in bf16.")
+  for key in ("minibatch_size", "micro_rows", "epochs"):
+    if c.optim[key] < 1:
+      raise ConfigError(f"optim.{key}={c.optim[key]} must be >= 1")
+  need = c.optim.max_prompt_len + c.rollout.max_new_tokens
+  if need > c.rollout.max_context:
+    raise ConfigError(
+        f"optim.max_prompt_len ({c.optim.max_prompt_len}) + rollout.max_new_tokens "
+        f"({c.rollout.max_new_tokens}) = {need} exceeds rollout.max_context "
+        f"({c.rollout.max_context}): a prompt the update accepts would not fit the sampler's "
+        f"context. Lower optim.max_prompt_len to at most "
+        f"{c.rollout.max_context - c.rollout.max_new_tokens} or raise rollout.max_context.")
 
 
 def kl_type(name: str) -> str:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from empo2_jax.agent.actor import Actor, ActorSettings, Memory, material_for
 from empo2_jax.rl import batch as batch_lib
+from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.train import build
@@ -63,7 +64,7 @@ class Trainer:
     self.update_cfg = update_lib.UpdateConfig(
         learning_rate=c.optim.lr, weight_decay=c.optim.weight_decay, adam_b1=c.optim.b1,
         adam_b2=c.optim.b2, max_grad_norm=c.optim.grad_clip,
-        num_minibatches=c.optim.num_minibatches, micro_rows=c.optim.micro_rows,
+        minibatch_size=c.optim.minibatch_size, micro_rows=c.optim.micro_rows,
         ppo_epochs=c.optim.epochs, temperature=c.rollout.temperature,
         loss=LossConfig(clip_eps_low=c.loss.eps_low, clip_eps_high=c.loss.eps_high,
                         dual_clip_c=c.loss.dual_clip or None, agg=c.loss.agg,
@@ -74,7 +75,7 @@ class Trainer:
         max_prompt_len=c.optim.max_prompt_len, response_len=c.rollout.max_new_tokens,
         ratio_variant=c.empo2.ratio_variant, pad_id=self.tokenizer.pad_token_id,
         prompt_len_check=c.optim.prompt_len_check,
-        row_multiple=c.optim.num_minibatches * c.optim.micro_rows)
+        row_multiple=c.optim.micro_rows)   # rl/minibatch.arrange then lays out the update's rows
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     self.state, self._update = self._init_state(params)
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
@@ -212,7 +213,10 @@ class Trainer:
                         use_std=c.advantage.use_std)
     advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
     batch, bstats = batch_lib.build_batch(turns, advantages, self.tokenizer, self.batch_cfg)
-    self.last_batch = batch          # host copy, for inspection (tests, debugging)
+    # Shuffled mini-batches of optim.minibatch_size samples (SPEC §1 item 5); the shuffle depends
+    # on (seed, iteration) only, so a resumed run repeats it exactly.
+    batch, layout = minibatch_lib.arrange(batch, self.update_cfg, seed=(c.seed, it))
+    self.last_batch = batch          # host copy as the update sees it (tests, debugging)
     timing["time/batching"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -222,9 +226,16 @@ class Trainer:
         from empo2_jax.parallel import sharding as shd
         batch = shd.shard_batch(batch, self.mesh)
       self.state, upd = self._update(self.state, batch, *args)
-      upd = {f"loss/{k}": float(v) for k, v in jax.device_get(upd).items()}
+      # Loss metrics are per-step means; optim_steps and param_update_norm (the global norm of
+      # this iteration's weight change) describe the whole update and keep their own names.
+      upd = {(k if k in ("optim_steps", "param_update_norm") else f"loss/{k}"): float(v)
+             for k, v in jax.device_get(upd).items()}
+      if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
+        raise RuntimeError(f"iteration {it}: the update took {upd['optim_steps']:g} optimizer "
+                           f"steps for {layout['num_minibatches']} mini-batches x "
+                           f"{c.optim.epochs} epochs")
     else:
-      upd = {}
+      upd = {"optim_steps": 0.0, "param_update_norm": 0.0}
     timing["time/update"] = time.perf_counter() - t0
     bad = [k for k, v in upd.items() if not math.isfinite(v)]
     if bad:

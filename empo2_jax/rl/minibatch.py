@@ -1,0 +1,90 @@
+"""An iteration's turn samples -> the shuffled mini-batch row layout of the jitted update.
+
+    batch, stats = build_batch(turns, advantages, tokenizer, batch_cfg)
+    batch, layout = arrange(batch, update_cfg, seed=(config.seed, iteration))
+    state, metrics = update_fn(state, batch)
+
+SPEC §1 item 5 (verl: ppo_mini_batch_size 16 x n 8, one epoch): the N samples of an iteration are
+shuffled and split into K = ceil(N / minibatch_size) mini-batches, one optimizer step each. The
+split is balanced (sizes differ by at most one sample, all <= minibatch_size) rather than verl's
+"full mini-batches and a short last one", so no step rests on a handful of samples.
+
+Layout (rl/update.py reads it): S >= K slots of M = UpdateConfig.minibatch_rows rows; slot k holds
+mini-batch k's samples in its first micro-batches, filled in order; slots K..S-1 and the rest of
+each slot are padding rows (all zeros, sample_index -1: no mask, no tokens, no compute, no step).
+Row of (slot k, sample q): (q % micro_rows) * n_chunks + k * M/micro_rows + q // micro_rows,
+with n_chunks = S * M / micro_rows (update.py's strided chunks, so each micro-batch is spread over
+the devices of a row-sharded batch).
+
+Static shapes: S = rl.batch.bucket_size(K) takes the values 1..12, 15, 19, 23, 29, 36, ... (growth
+<= bucket_growth), so the update compiles once per (S, prompt bucket) pair: for 1..4000 samples in
+mini-batches of 128, 17 distinct row counts. The empty slots cost no compute (rl/update.py).
+
+The shuffle is a pure function of `seed` (the trainer passes (config.seed, iteration)), so a
+resumed run lays out its batches exactly as the uninterrupted one.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence, Union
+
+import numpy as np
+
+from empo2_jax.rl.batch import bucket_size
+
+SHUFFLE_STREAM = 0x6D62  # keeps this permutation's stream apart from other (seed, n) streams
+
+
+def plan(n_samples: int, minibatch_size: int, bucket_growth: float = 1.25) -> tuple[int, int]:
+  """(K optimizer steps, S slots) for n_samples samples (K = 0, S = 1 when there are none)."""
+  if minibatch_size < 1:
+    raise ValueError(f"minibatch_size must be >= 1, got {minibatch_size}")
+  k = math.ceil(n_samples / minibatch_size)
+  return k, bucket_size(max(k, 1), 1, bucket_growth)
+
+
+def split_sizes(n_samples: int, num_minibatches: int) -> list[int]:
+  """Balanced sizes: n_samples split into num_minibatches parts differing by at most one."""
+  base, extra = divmod(n_samples, max(num_minibatches, 1))
+  return [base + (i < extra) for i in range(num_minibatches)]
+
+
+def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
+            bucket_growth: float = 1.25) -> tuple[dict, dict]:
+  """build_batch's rows -> (batch in the update's layout, {"num_minibatches", "slots", "rows",
+  "sizes"}).
+
+  batch: numpy arrays with a leading row axis; real samples are the rows with sample_index >= 0
+  (any order), the rest is dropped. cfg: anything with minibatch_size, micro_rows and
+  minibatch_rows (rl.update.UpdateConfig). seed: an int or a sequence of ints (numpy SeedSequence).
+  """
+  real = np.flatnonzero(np.asarray(batch["sample_index"]) >= 0)
+  n = len(real)
+  k, slots = plan(n, cfg.minibatch_size, bucket_growth)
+  slot_rows, micro = cfg.minibatch_rows, cfg.micro_rows
+  rows = slots * slot_rows
+  n_chunks = rows // micro
+  seq = np.random.SeedSequence(list(np.atleast_1d(seed)) + [SHUFFLE_STREAM])
+  order = real[np.random.default_rng(seq).permutation(n)]
+
+  src = np.full(rows, -1, np.int64)       # physical row -> input row (-1: padding)
+  sizes = split_sizes(n, k)
+  start = 0
+  for slot, size in enumerate(sizes):
+    q = np.arange(size)
+    dest = (q % micro) * n_chunks + slot * (slot_rows // micro) + q // micro
+    src[dest] = order[start:start + size]
+    start += size
+
+  out = {}
+  take = np.maximum(src, 0)
+  pad = src < 0
+  for key, x in batch.items():
+    x = np.asarray(x)
+    y = x[take]
+    y[pad] = -1 if key == "sample_index" else 0
+    out[key] = y
+  return out, {"num_minibatches": k, "slots": slots, "rows": rows, "sizes": sizes}
+
+
+__all__ = ["arrange", "plan", "split_sizes", "SHUFFLE_STREAM"]
