@@ -11,6 +11,10 @@ model text goes into the chat; the pool corrects it to a valid action (word-leve
 steps the simulators. After the last step, one more session call writes every episode's tip (the
 tip chat extends the cached history), and the tips go into memory (SPEC §2-3).
 
+Randomness: episode i (its index in `specs`) samples step t with fold_in(fold_in(k_steps, t), i)
+and its tip with fold_in(k_reflect, i), (k_steps, k_reflect) = split(rng): what an episode draws
+does not depend on the other episodes or on the host that runs it (multi-host: agent/hosts.py).
+
 Memory keys (SPEC §3), two switches:
   memory_key_text "recent" (ours): the task line, then as many of the most recent observation/action
                   lines as fit MiniLM's 256 word pieces (dropped from the front). The full chat
@@ -38,14 +42,14 @@ import numpy as np
 
 import jax
 
-from empo2_jax.agent import prompts
+from empo2_jax.agent import hosts, prompts
 from empo2_jax.envs.fewshot import PromptMaterial
-from empo2_jax.memory.reflect import (MemoryWrite, clean_tip, commit, format_score, memory_text,
-                                      tip_chat)
+from empo2_jax.memory.reflect import MemoryWrite, clean_tip, format_score, memory_text, tip_chat
 from empo2_jax.memory.rewards import intrinsic_reward
+from empo2_jax.memory.sync import gather_and_commit
 from empo2_jax.model.tokenizer import stop_ids
 from empo2_jax.rl.batch import Turn
-from empo2_jax.sampling.sampler import SamplerSettings
+from empo2_jax.sampling.sampler import SamplerSettings, get_engine, row_keys
 from empo2_jax.sampling.session import Session
 
 
@@ -200,23 +204,47 @@ class Actor:
   def rollout(self, params, model_config, specs: Sequence[tuple[str, int, int]], *,
               use_memory: bool, temperature: float, rng: jax.Array, mode: str = "on",
               reflect: bool = False, iteration: int = 0) -> list[Episode]:
-    """specs: (task, variation, group_id) per episode. Returns finished episodes in spec order."""
-    s = self.settings
+    """specs: (task, variation, group_id) per episode. Returns finished episodes in spec order.
+
+    Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
+    steps only its share (`hosts.host_share`) in its own pool, with `params` on its own devices
+    (`hosts.sampling_params`). Every process returns all episodes, and `last_stats` are summed
+    over hosts. Episode i samples with keys folded from i, whichever host runs it.
+    """
     if use_memory and self.memory is None:
       raise ValueError("use_memory=True needs an Actor built with a Memory")
-    episodes = [Episode(t, int(v), int(g), i, mode, use_memory) for i, (t, v, g) in enumerate(specs)]
-    missing = sorted({(e.task, e.variation) for e in episodes} - set(self.materials))
+    missing = sorted({(t, int(v)) for t, v, _ in specs} - set(self.materials))
     if missing:
       raise KeyError(f"no prompt material for {missing}; build the Actor with those variations")
+    share = hosts.host_share(len(specs))
+    k_steps, k_reflect = jax.random.split(rng)
+    episodes = [Episode(specs[i][0], int(specs[i][1]), int(specs[i][2]), i, mode, use_memory)
+                for i in share]
+    stats = dict.fromkeys(("retrieved", "memory_steps", "steps", "prefill_tokens",
+                           "reused_tokens", "truncations"), 0)
+    session = None
+    if episodes:      # a host may have none when there are fewer episodes than hosts
+      engine = _EpisodeKeys(get_engine(model_config, self.sampler_settings, self.mesh), share)
+      session = Session(params, model_config, num_rows=len(episodes),
+                        max_tokens=self.settings.max_context, settings=self.sampler_settings,
+                        mesh=self.mesh, engine=engine)
+      self._run_episodes(session, episodes, use_memory, temperature, k_steps, stats)
+    if reflect and self.memory is not None:
+      stats.update(self._reflect(session, episodes, k_reflect, iteration))
+    self.last_stats = hosts.sum_stats(stats, same_on_all_hosts=("memory_writes",))
+    return hosts.gather_episodes(episodes)
+
+  def _run_episodes(self, session: Session, episodes: list[Episode], use_memory: bool,
+                    temperature: float, rng: jax.Array, stats: dict) -> None:
+    """Steps `episodes` (this host's) to their ends in lock-step; step t samples with
+    fold_in(fold_in(rng, t), episode index)."""
+    s = self.settings
     resets = self.pool.reset([(e.task, e.variation) for e in episodes])
     obs = [r.observation for r in resets]
     for e, r in zip(episodes, resets):
       e.env_failed = r.info.env_failed
       e.done = e.env_failed
-    session = Session(params, model_config, num_rows=len(episodes), max_tokens=s.max_context,
-                      settings=self.sampler_settings, mesh=self.mesh)
     keep = {}
-    stats = {"retrieved": 0, "memory_steps": 0, "steps": 0}
     step_i = 0
     while True:
       live = [i for i, e in enumerate(episodes) if not e.done]
@@ -237,9 +265,8 @@ class Actor:
         if len(e.messages) == 1:
           keep[i] = len(ids)          # on overflow, keep the first prompt and the recent turns
         requests[i] = ids
-      rng, key_step = jax.random.split(rng)
-      out = session.step(requests, max_new_tokens=s.max_new_tokens, temperature=temperature,
-                         top_p=s.top_p, top_k=s.top_k, stop_ids=self.stop_ids, rng=key_step,
+      out = self._sample(session, requests, jax.random.fold_in(rng, step_i),
+                         max_new_tokens=s.max_new_tokens, temperature=temperature,
                          keep_prefix=keep)
       texts = {i: self.tok.decode(out[i][0], skip_special_tokens=True).strip() for i in live}
       results = self.pool.step([texts.get(i) for i in range(len(episodes))])
@@ -251,7 +278,7 @@ class Actor:
                  and s.intrinsic_reward else 0.0)
         e.turns.append(Turn(messages=list(e.messages), response=texts[i],
                             response_ids=[int(t) for t in toks],
-                            sampler_logprobs=[float(x) for x in lps], mode=mode,
+                            sampler_logprobs=[float(x) for x in lps], mode=e.mode,
                             group_id=e.group_id, rollout_id=e.rollout_id, step=step_i,
                             episode_return=0.0, reward=float(res.reward), intrinsic=r_int,
                             obs_key=obs[i].strip()))
@@ -270,13 +297,17 @@ class Actor:
     for e in episodes:
       for t in e.turns:
         t.episode_return = e.episode_return
-    stats["prefill_tokens"] = session.stats["prefill_tokens"]
-    stats["reused_tokens"] = session.stats["reused_tokens"]
-    stats["truncations"] = session.stats["truncations"]
-    if reflect:
-      stats.update(self._reflect(session, episodes, rng, iteration))
-    self.last_stats = stats
-    return episodes
+    for k in ("prefill_tokens", "reused_tokens", "truncations"):
+      stats[k] = int(session.stats[k])
+
+  def _sample(self, session: Session, requests: dict, key: jax.Array, *, max_new_tokens: int,
+              temperature: float, keep_prefix=None) -> dict:
+    """One session call; row r draws with fold_in(key, episode index of r) (see _EpisodeKeys)."""
+    session.engine.step_key = key
+    s = self.settings
+    return session.step(requests, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=s.top_p, top_k=s.top_k, stop_ids=self.stop_ids, rng=key,
+                        keep_prefix=keep_prefix)
 
   # ------------------------------------------------------------------------------------------
   def _tip_messages(self, e: Episode) -> list:
@@ -286,17 +317,16 @@ class Actor:
     chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
     return chat
 
-  def _reflect(self, session: Session, episodes: list[Episode], rng, iteration: int) -> dict:
-    """One session call writes every episode's tip; the tips go into memory."""
+  def _reflect(self, session: Optional[Session], episodes: list[Episode], rng,
+               iteration: int) -> dict:
+    """One session call writes this host's episodes' tips; all hosts' tips go into memory
+    (memory/sync.gather_and_commit: a collective, called also by a host without episodes)."""
     s = self.settings
-    if self.memory is None:
-      return {}
     todo = [i for i, e in enumerate(episodes) if e.turns and not e.env_failed]
     # The tip chat shows the outcome: the observation after the last action and the final score.
     requests = {i: self._ids(self._tip_messages(episodes[i])) for i in todo}
-    out = session.step(requests, max_new_tokens=s.tip_max_new_tokens,
-                       temperature=s.tip_temperature, top_p=s.top_p, top_k=s.top_k,
-                       stop_ids=self.stop_ids, rng=jax.random.fold_in(rng, 7919))
+    out = (self._sample(session, requests, rng, max_new_tokens=s.tip_max_new_tokens,
+                        temperature=s.tip_temperature) if requests else {})
     writes = []
     for i in todo:
       e = episodes[i]
@@ -308,9 +338,34 @@ class Actor:
       for action, key in zip(e.executed, keys):
         writes.append(MemoryWrite((e.task, e.variation), memory_text(e.tip, action, e.score),
                                   e.score, key))
-    uids = commit(self.memory.store, self.memory.encoder, writes, iteration)
+    _, uids = gather_and_commit(self.memory.store, self.memory.encoder, writes, iteration)
     return {"tips": sum(1 for i in todo if episodes[i].tip),
             "memory_writes": sum(u is not None for u in uids)}
+
+
+class _EpisodeKeys:
+  """A sampling Engine whose decode draws row r with fold_in(step_key, episode_ids[r]).
+
+  Session.step draws row r with fold_in(rng, r), r being a slot of this host's session; on a pod
+  the same episode would then sample differently depending on the host that runs it. The actor
+  sets `step_key` before each call (`Actor._sample`) and rows draw with keys folded from their
+  episode's index in the whole rollout instead. With one process the ids are 0..n-1 and the keys
+  are exactly the ones Session draws itself. Everything else is the wrapped engine's.
+  """
+
+  def __init__(self, engine, episode_ids: Sequence[int]):
+    self._engine, self._ids = engine, list(episode_ids)
+    self.step_key = None
+
+  def __getattr__(self, name):
+    return getattr(self._engine, name)
+
+  def decode(self, params, cache, hidden, length, active, keys, **kwargs):
+    del keys                     # fold_in(step_key, slot): replaced by per-episode keys
+    if self.step_key is None:
+      raise RuntimeError("_EpisodeKeys.decode before step_key was set (use Actor._sample)")
+    keys = self._engine._rows(row_keys(self.step_key, self._ids))
+    return self._engine.decode(params, cache, hidden, length, active, keys, **kwargs)
 
 
 def material_for(env, task: str, variations: Sequence[int], n_few_shot: int = 2) -> dict:

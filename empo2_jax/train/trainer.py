@@ -21,6 +21,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.agent import hosts
 from empo2_jax.agent.actor import Actor, ActorSettings, Memory, material_for
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
@@ -98,7 +99,9 @@ class Trainer:
         tip_max_new_tokens=c.empo2.tip_max_new_tokens, tip_temperature=c.empo2.tip_temperature,
         intrinsic_scale=c.empo2.intrinsic_scale, intrinsic_reward=c.empo2.intrinsic_reward,
         memory_key=c.empo2.memory_key, memory_key_text=c.empo2.memory_key_text,
-        cache_dtype=c.rollout.cache_dtype), mesh=self.mesh)
+        cache_dtype=c.rollout.cache_dtype),
+        # Multi-host: each host samples its share of the episodes on its own devices.
+        mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh))
     self.rng = jax.random.PRNGKey(c.seed)
     self.iteration = 0
     self.row_cursor = 0
@@ -178,6 +181,10 @@ class Trainer:
       self.row_cursor += 1
     return out
 
+  def _sampling_params(self):
+    """The policy weights for the actor's sampler (multi-host: a copy on this host's devices)."""
+    return hosts.sampling_params(self.state.params, self.actor.mesh)
+
   def _mode(self, key) -> str:
     forced = self.config.empo2.force_mode
     if forced:
@@ -196,7 +203,8 @@ class Trainer:
     t0 = time.perf_counter()
     rows = self._rows_for_iteration()
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
-    episodes = self.actor.rollout(self.state.params, self.model_config, specs,
+    # Multi-host: every host steps its share of the episodes; all get every episode back.
+    episodes = self.actor.rollout(self._sampling_params(), self.model_config, specs,
                                   use_memory=use_memory, temperature=c.rollout.temperature,
                                   rng=k_roll, mode=mode, reflect=True, iteration=it)
     roll_stats = dict(self.actor.last_stats)
@@ -272,7 +280,7 @@ class Trainer:
     c = self.config
     specs = [(c.env.task, v, g) for g, v in enumerate(self.test_rows)
              for _ in range(c.train.eval_repeats)]
-    return self.actor.rollout(self.state.params, self.model_config, specs,
+    return self.actor.rollout(self._sampling_params(), self.model_config, specs,
                               use_memory=with_memory, temperature=c.train.eval_temperature,
                               rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
                               mode="eval", reflect=False)
