@@ -51,9 +51,12 @@ def test_bf16_load_casts(hf_tiny):
 def test_errors_are_clear(tmp_path, hf_tiny):
   with pytest.raises(hf.CheckpointError, match="no config.json"):
     hf.load_checkpoint(str(tmp_path))
-  (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama",
-                                                    "architectures": ["LlamaForCausalLM"]}))
-  with pytest.raises(ValueError, match="not a Qwen2"):
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral",
+                                                    "architectures": ["MistralForCausalLM"]}))
+  with pytest.raises(ValueError, match="unsupported checkpoint: model_type='mistral'"):
+    hf.load_checkpoint(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+  with pytest.raises(ValueError, match="lacks"):
     hf.load_checkpoint(str(tmp_path))
   cfg = json.load(open(os.path.join(hf_tiny[0], "config.json")))
   cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0}

@@ -1,11 +1,13 @@
-"""Hugging Face Qwen2 checkpoints <-> our params, without torch.
+"""Hugging Face Llama / Qwen2 checkpoints (and GGUF files) <-> our params, without torch.
 
 `load_checkpoint(dir)` reads config.json and model.safetensors (or shards listed in
 model.safetensors.index.json) tensor by tensor: each tensor is memory-mapped, cast to the target
 dtype and written into its slot of a preallocated stacked array, so host memory holds one copy of
-the params plus one tensor in flight. `save_checkpoint(dir, config, params)` writes files that
-`transformers.Qwen2ForCausalLM.from_pretrained` loads. Paths may be local or anything etils.epath
-opens (gs://); remote files are copied to a local temp dir first for memory mapping.
+the params plus one tensor in flight. `load_checkpoint("model.gguf")` hands over to
+`gguf.load_gguf` (llama.cpp files, dequantized). `save_checkpoint(dir, config, params)` writes
+files that transformers' AutoModelForCausalLM loads (LlamaForCausalLM or Qwen2ForCausalLM, by
+`config.attention_bias`). Paths may be local or anything etils.epath opens (gs://); remote files
+are copied to a local temp dir first for memory mapping.
 """
 from __future__ import annotations
 
@@ -107,10 +109,15 @@ def _local_dir(path: str) -> str:
   return dst
 
 
+def is_gguf(path: str) -> bool:
+  return str(path).lower().endswith(".gguf")
+
+
 def load_config(path: str, **overrides: Any) -> Qwen2Config:
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
-    raise CheckpointError(f"{path}: no config.json; pass a Hugging Face Qwen2 checkpoint directory")
+    raise CheckpointError(f"{path}: no config.json; pass a Hugging Face Llama/Qwen2 checkpoint "
+                          "directory or a .gguf file")
   with open(cfg_path) as f:
     return Qwen2Config.from_hf_dict(json.load(f), **overrides)
 
@@ -132,10 +139,14 @@ def _weight_files(path: str) -> list[str]:
 
 
 def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
-  """Read a HF Qwen2 directory -> (config, params as numpy arrays in `dtype`)."""
-  path = _local_dir(path)
+  """Read a HF Llama/Qwen2 directory or a .gguf file -> (config, params as numpy arrays in
+  `dtype`). `config_overrides` replace config fields (e.g. compute_dtype, remat)."""
   if dtype not in _NP_DTYPES:
     raise ValueError(f"dtype={dtype!r}; valid: {sorted(_NP_DTYPES)}")
+  if is_gguf(path):
+    from empo2_jax.model import gguf
+    return gguf.load_gguf(path, dtype=dtype, **config_overrides)
+  path = _local_dir(path)
   config = load_config(path, param_dtype=dtype, **config_overrides)
   np_dtype = _NP_DTYPES[dtype]
   shapes = param_shapes(config)
@@ -161,8 +172,11 @@ def _place(params, shapes, config, name, arr, np_dtype, seen):
   if m:
     layer, rest = int(m.group(1)), m.group(2)
     if rest not in _LAYER_MAP:
-      raise CheckpointError(f"unexpected tensor {name} (not part of Qwen2)")
+      raise CheckpointError(f"unexpected tensor {name} (not part of {config.architecture})")
     ours, transpose = _LAYER_MAP[rest]
+    if ours not in shapes["layers"]:
+      raise CheckpointError(f"unexpected tensor {name}: config.json says attention_bias="
+                            f"{config.attention_bias} ({config.architecture})")
     if layer >= config.num_layers:
       raise CheckpointError(f"tensor {name}: layer {layer} >= num_hidden_layers "
                             f"{config.num_layers}")
@@ -177,7 +191,7 @@ def _place(params, shapes, config, name, arr, np_dtype, seen):
   if name not in _TOP_MAP:
     if name.endswith("rotary_emb.inv_freq"):
       return
-    raise CheckpointError(f"unexpected tensor {name} (not part of Qwen2)")
+    raise CheckpointError(f"unexpected tensor {name} (not part of {config.architecture})")
   ours, transpose = _TOP_MAP[name]
   if ours == "lm_head" and config.tie_word_embeddings:
     return  # some exports store the tied head as well; the embedding is authoritative
@@ -196,7 +210,7 @@ def _place(params, shapes, config, name, arr, np_dtype, seen):
 def _hf_tensors(config: Qwen2Config, params) -> Iterator[tuple[str, np.ndarray]]:
   to_np = lambda x: np.asarray(x)
   yield "model.embed_tokens.weight", to_np(params["embed"])
-  inv = {ours: (hf, t) for hf, (ours, t) in _LAYER_MAP.items()}
+  inv = {ours: (hf, t) for hf, (ours, t) in _LAYER_MAP.items() if ours in params["layers"]}
   for i in range(config.num_layers):
     for ours, (hf, transpose) in inv.items():
       v = to_np(params["layers"][ours][i])

@@ -1,17 +1,20 @@
-"""Qwen2 decoder as pure functions over a params pytree.
+"""Llama-family decoder (Llama, SmolLM2, Qwen2/Qwen2.5) as pure functions over a params pytree.
 
-Params (layers stacked on a leading axis L so they can be scanned and sharded by regex):
+Qwen2 is Llama plus biases on the q/k/v projections; `config.attention_bias` selects them. The
+module keeps its historical name. Params (layers stacked on a leading axis L so they can be scanned
+and sharded by regex):
 
   embed        [V, D]
-  layers/      attn_norm [L, D]; wq [L, D, H*hd]; bq [L, H*hd]; wk, wv [L, D, K*hd];
-               bk, bv [L, K*hd]; wo [L, H*hd, D]; mlp_norm [L, D];
-               w_gate, w_up [L, D, F]; w_down [L, F, D]
+  layers/      attn_norm [L, D]; wq [L, D, H*hd]; wk, wv [L, D, K*hd]; wo [L, H*hd, D];
+               bq [L, H*hd]; bk, bv [L, K*hd]   (only when attention_bias)
+               mlp_norm [L, D]; w_gate, w_up [L, D, F]; w_down [L, F, D]
   final_norm   [D]
   lm_head      [D, V]   (absent when tie_word_embeddings: the embedding is reused)
 
-Numerics follow Hugging Face's Qwen2: RMSNorm statistics in float32, the normalised value cast back
+Numerics follow Hugging Face's Llama/Qwen2: RMSNorm statistics in float32, the normalised value cast back
 to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit positions;
-softmax in float32.
+softmax in float32; Llama 3 frequency scaling (config.rope_scaling) applied to the float32
+inverse frequencies as transformers does.
 
 KV cache (for the sampler): a dict with k, v [L, B, S, K, hd] and mask [B, S] (1 where a slot holds
 a real token). `forward(..., cache=cache, cache_index=idx)` writes the new tokens' keys/values into
@@ -41,15 +44,12 @@ def param_shapes(config: Qwen2Config) -> Params:
   c = config
   L, D, F, V = c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size
   q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  shapes = {
-      "embed": (V, D),
-      "layers": {
-          "attn_norm": (L, D), "wq": (L, D, q), "bq": (L, q), "wk": (L, D, kv), "bk": (L, kv),
-          "wv": (L, D, kv), "bv": (L, kv), "wo": (L, q, D), "mlp_norm": (L, D),
-          "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
-      },
-      "final_norm": (D,),
-  }
+  layers = {"attn_norm": (L, D), "wq": (L, D, q), "wk": (L, D, kv), "wv": (L, D, kv),
+            "wo": (L, q, D), "mlp_norm": (L, D),
+            "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D)}
+  if c.attention_bias:
+    layers.update(bq=(L, q), bk=(L, kv), bv=(L, kv))
+  shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
   if not c.tie_word_embeddings:
     shapes["lm_head"] = (D, V)
   return shapes
@@ -91,10 +91,26 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return weight.astype(x.dtype) * normed
 
 
-def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float):
-  """cos/sin [B, T, hd] in float32; frequencies at highest precision."""
-  exponent = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-  inv_freq = 1.0 / (theta ** exponent)                                  # [hd/2]
+def rope_inv_freq(config: Qwen2Config) -> jax.Array:
+  """RoPE inverse frequencies [hd/2] in float32, with Llama 3 scaling when configured."""
+  hd = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+  s = config.rope_scaling
+  if s is None:
+    return inv_freq
+  wavelen = 2 * jnp.pi / inv_freq
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor    # beyond: divide
+  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor  # below: keep
+  scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+  smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+            / (s.high_freq_factor - s.low_freq_factor))
+  blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, blended, scaled)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: jax.Array):
+  """cos/sin [B, T, hd] in float32 from positions [B, T] and inv_freq [hd/2]."""
   freqs = jnp.einsum("bt,f->btf", positions.astype(jnp.float32), inv_freq,
                      precision=jax.lax.Precision.HIGHEST)
   emb = jnp.concatenate([freqs, freqs], axis=-1)
@@ -143,9 +159,12 @@ def decoder_layer(config: Qwen2Config, x, layer, cos, sin, allowed, kv_cache=Non
   w = lambda n: layer[n].astype(dt)
 
   h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
-  q = (h @ w("wq") + w("bq")).reshape(b, t, c.num_heads, c.head_dim)
-  k = (h @ w("wk") + w("bk")).reshape(b, t, c.num_kv_heads, c.head_dim)
-  v = (h @ w("wv") + w("bv")).reshape(b, t, c.num_kv_heads, c.head_dim)
+  q, k, v = h @ w("wq"), h @ w("wk"), h @ w("wv")
+  if c.attention_bias:
+    q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
+  q = q.reshape(b, t, c.num_heads, c.head_dim)
+  k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+  v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
   if kv_cache is not None:
     k_all = _write_rows(kv_cache[0], k, cache_index)
@@ -197,7 +216,7 @@ def forward(params: Params, config: Qwen2Config, tokens: jax.Array, attention_ma
     positions = positions_from_mask(attention_mask)
   b, t = tokens.shape
   x = params["embed"][tokens].astype(dt)
-  cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+  cos, sin = rope_cos_sin(positions, rope_inv_freq(c))
 
   if cache is None:
     causal = jnp.tril(jnp.ones((t, t), bool))
