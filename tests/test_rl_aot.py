@@ -19,6 +19,16 @@ SCRIPT = textwrap.dedent("""
     r = aot.compile_program(req)
     print(aot.format_report(r, req))
     print("RESULT", r["fits"], r["per_chip_gib"], r["compiler_flops"], r["model_flops"])
+    # One mini-batch of 128 rows vs two (256 rows, SPEC §1 item 5): same micro-batches, so the
+    # memory differs only by the extra rows of data.
+    per_chip = []
+    for batch in (128, 256):
+        req = aot.AotRequest(program="train_step", preset="tiny", topology="v5p:2x2x1",
+                             batch=batch, seq=96, num_microbatches=32, cost_probe=False)
+        r = aot.compile_program(req)
+        print(aot.format_report(r, req))
+        per_chip.append(r["per_chip_gib"])
+    print("MINIBATCHES", *per_chip)
 """)
 
 
@@ -34,3 +44,6 @@ def test_train_step_compiles_for_v5p():
   assert fits and 0 < per_chip < 2.0
   # the loop-free cost probe sees the whole update: compiler and model flop counts agree roughly
   assert 0.5 < compiler_flops / model_flops < 3.0, line
+  one, two = map(float, [ln for ln in out.stdout.splitlines()
+                         if ln.startswith("MINIBATCHES")][-1].split()[1:])
+  assert 0 < one <= two < one + 0.01, (one, two)
