@@ -64,5 +64,9 @@ def get_config(arg=None):
   c.train = dict(iterations=250, eval_every=20, eval_temperature=0.4, eval_repeats=4,
                  eval_with_memory=False, eval_at_end=True, checkpoint_every=10, keep_checkpoints=3,
                  save_episodes=False)   # save_episodes: TFDS dataset (data/trajectories.py)
+  # launch/sft.py: behaviour cloning on gold trajectories of TRAIN variations (train/sft.py),
+  # before RL. variations: how many train variations (0: all); steps x batch_rows rows.
+  c.sft = dict(variations=0, steps=100, batch_rows=4, micro_rows=1, lr=1e-4, weight_decay=0.0,
+               grad_clip=1.0, max_len=4096, eval_before=True, eval_after=True, checkpoint_every=50)
   c.lock()
   return c
