@@ -126,16 +126,22 @@ def mesh(c):
   return mesh_lib.make_mesh(dict(c.mesh))
 
 
-def envs(c):
-  """(EnvPool, a local SciWorldEnv for prompt material) for config.env."""
-  from empo2_jax.envs.pool import EnvPool, PoolConfig
-  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+def env_config(c):
+  """The SciWorldConfig of config.env (the agent's step limit included)."""
+  from empo2_jax.envs.scienceworld import SciWorldConfig
   kw = dict(simplification=c.env.simplification, num_train_rows=c.env.num_train_rows,
             num_test_rows=c.env.num_test_rows, java_tool_options=c.env.java_tool_options,
             action_correction=c.env.action_correction)
   if c.env.max_steps:
     kw.update(default_max_steps=c.env.max_steps, max_steps_overrides=())
-  env_cfg = SciWorldConfig(**kw)
+  return SciWorldConfig(**kw)
+
+
+def envs(c):
+  """(EnvPool, a local SciWorldEnv for prompt material) for config.env."""
+  from empo2_jax.envs.pool import EnvPool, PoolConfig
+  from empo2_jax.envs.scienceworld import SciWorldEnv
+  env_cfg = env_config(c)
   pool = EnvPool(env_cfg, PoolConfig(num_workers=c.env.workers,
                                      java_tool_options=c.env.java_tool_options,
                                      call_timeout_s=c.env.call_timeout_s,
@@ -161,4 +167,5 @@ def memory(c):
   return encoder, store, index
 
 
-__all__ = ["check_config", "policy", "tokenizer", "mesh", "envs", "memory", "kl_type"]
+__all__ = ["check_config", "policy", "tokenizer", "mesh", "env_config", "envs", "memory",
+           "kl_type"]
