@@ -1,6 +1,7 @@
-"""Logit checker: our forward vs transformers (torch, CPU) on the same Hugging Face checkpoint.
+"""Logit checker: our forward vs transformers (torch, CPU) on the same checkpoint.
 
   python -m empo2_jax.model.check --hf_dir DIR [--dtype float32|bfloat16] [--max_abs_diff 1e-3]
+  python -m empo2_jax.model.check --gguf FILE.gguf    (transformers' own GGUF loading as reference)
 
 Runs a few prompts through both, prints per-prompt figures, and as its last line
 `max_abs_diff=<float> kl=<float>`; exits 1 when either exceeds its tolerance.
@@ -20,7 +21,8 @@ PROMPTS = [
     "def add(a, b):\n    return a + b\n",
 ]
 
-_DIR = flags.DEFINE_string("hf_dir", None, "Hugging Face Qwen2 checkpoint directory", required=True)
+_DIR = flags.DEFINE_string("hf_dir", None, "Hugging Face Llama/Qwen2 checkpoint directory")
+_GGUF = flags.DEFINE_string("gguf", None, "a llama.cpp .gguf file (instead of --hf_dir)")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "our compute dtype")
 _TOL = flags.DEFINE_float("max_abs_diff", None, "tolerance on |logit diff| (default: 1e-3 fp32, "
                           "inf for bf16)")
@@ -33,20 +35,29 @@ def _log_softmax(x):
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def compare(hf_dir: str, dtype: str = "float32"):
+def compare(path: str, dtype: str = "float32"):
+  """(max |logit diff|, mean KL(hf || ours)) over PROMPTS for an HF directory or a .gguf file."""
+  import os
+
   import jax
   import torch
-  from transformers import Qwen2ForCausalLM
+  from transformers import AutoModelForCausalLM
 
   from empo2_jax.model import hf, qwen2
   from empo2_jax.model.tokenizer import load_tokenizer
 
-  config, params = hf.load_checkpoint(hf_dir, dtype="float32", compute_dtype=dtype)
+  config, params = hf.load_checkpoint(path, dtype="float32", compute_dtype=dtype)
   try:
-    tok = load_tokenizer(hf_dir)
-  except (FileNotFoundError, OSError):
+    tok = load_tokenizer(path)
+  except (FileNotFoundError, OSError, ValueError):   # weights only: any ids do
     tok = load_tokenizer()
-  model = Qwen2ForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+  if hf.is_gguf(path):
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                                 gguf_file=os.path.basename(path),
+                                                 dtype=torch.float32)
+  else:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+  model.eval()
   fwd = jax.jit(qwen2.forward, static_argnums=1)
   worst, kls = 0.0, []
   for text in PROMPTS:
@@ -65,7 +76,10 @@ def compare(hf_dir: str, dtype: str = "float32"):
 
 def main(argv):
   del argv
-  diff, kl = compare(_DIR.value, _DTYPE.value)
+  if (_DIR.value is None) == (_GGUF.value is None):
+    print("pass exactly one of --hf_dir DIR or --gguf FILE", file=sys.stderr)
+    sys.exit(2)
+  diff, kl = compare(_DIR.value or _GGUF.value, _DTYPE.value)
   fp32 = _DTYPE.value == "float32"
   tol = _TOL.value if _TOL.value is not None else (1e-3 if fp32 else float("inf"))
   kl_tol = _KL_TOL.value if _KL_TOL.value is not None else (1e-4 if fp32 else 1e-2)

