@@ -10,6 +10,12 @@ run's episodes as a TFDS dataset under <workdir>/episodes/tfds (empo2_jax/data/t
 
 Any config field can be overridden with --config.<path>=value; an unknown key fails with the list
 of valid keys at that level.
+
+Multi-host (pods): run the same command with --multihost on every host; each host steps its share
+of the episodes in its own env pool and all hosts gather them (empo2_jax/agent/hosts.py). Off TPU,
+name the cluster yourself, e.g. two CPU processes on one machine:
+  python launch/train.py --config=configs/sciworld.py:cpu --workdir=runs/mh --multihost \
+      --coordinator_address=localhost:12345 --num_processes=2 --process_id=0   # and =1
 """
 import os
 import sys
@@ -29,6 +35,12 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "where metrics and che
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "disable the progress bar")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first (TPU pod "
                                "slices: run the same command on every host)")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "with --multihost off TPU: "
+                                   "host:port of process 0")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "with --multihost off TPU: how many "
+                                      "processes")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "with --multihost off TPU: this process's "
+                                   "index")
 
 
 def _check_overrides(argv_full, config) -> None:
@@ -55,11 +67,19 @@ def main(argv):
   from empo2_jax.train.trainer import Trainer
   config = _CONFIG.value
   logging.info("config:\n%s", config)
+  explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  if any(x is not None for x in explicit) and not _MULTIHOST.value:
+    sys.exit("error: --coordinator_address/--num_processes/--process_id need --multihost")
   if _MULTIHOST.value:
     from empo2_jax.parallel.mesh import initialize_distributed
-    initialize_distributed()
+    try:
+      initialize_distributed(*explicit)
+    except ValueError as e:
+      sys.exit(f"error: {e}")
+  import jax
+  lead = jax.process_index() == 0        # multi-host: one host prints and shows progress
   try:
-    trainer = Trainer(config, _WORKDIR.value, progress=not _NO_PROGRESS.value)
+    trainer = Trainer(config, _WORKDIR.value, progress=lead and not _NO_PROGRESS.value)
   except ConfigError as e:
     sys.exit(f"error: {e}")
   # Resume order: the newest restorable checkpoint in the workdir (a corrupt one falls back to
@@ -69,7 +89,7 @@ def main(argv):
   except RuntimeError as e:      # checkpoints there, none restorable: say so, start nothing
     trainer.close()
     sys.exit(f"error: {e}")
-  if step is not None:
+  if step is not None and lead:
     print(f"resumed from {trainer.checkpointer.directory / str(step)} at iteration {step}",
           flush=True)
   history = trainer.run()
@@ -77,7 +97,7 @@ def main(argv):
     print(f"preempted (SIGTERM): checkpoint at iteration {trainer.iteration} in "
           f"{trainer.checkpointer.directory}; rerun the same command to continue", flush=True)
     return
-  if history:
+  if history and lead:
     last = history[-1]
     summary = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in last.items() if k in (

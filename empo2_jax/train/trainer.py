@@ -102,7 +102,9 @@ class Trainer:
         cache_dtype=c.rollout.cache_dtype),
         # Multi-host: each host samples its share of the episodes on its own devices.
         mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh))
-    self.rng = jax.random.PRNGKey(c.seed)
+    # A host (numpy) copy: every process holds the same key, and orbax refuses to checkpoint
+    # host-local jax arrays in a multi-host run.
+    self.rng = np.asarray(jax.random.PRNGKey(c.seed))
     self.iteration = 0
     self.row_cursor = 0
     self.progress = progress
@@ -149,7 +151,7 @@ class Trainer:
 
     read_only (evaluation): load the state but leave the run's metrics and episodes untouched.
     """
-    if read_only:
+    if read_only or jax.process_index() != 0:    # multi-host: process 0 owns the run's files
       return ckpt_lib.restore_trainer(self.checkpointer, self, rewrite_metrics=False)
     self.metrics.close()            # metrics.jsonl is rewritten to the checkpoint's records
     try:
@@ -314,16 +316,18 @@ class Trainer:
           if c.train.eval_with_memory:
             m.update(self.evaluate(True))
         m["time/iteration"] = time.perf_counter() - t0
-        self.metrics.write(self.iteration, m)
-        if self.episode_log is not None:
-          self.episode_log.write(self.iteration, self.last_episodes)
+        # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
+        if jax.process_index() == 0:
+          self.metrics.write(self.iteration, m)
+          if self.episode_log is not None:
+            self.episode_log.write(self.iteration, self.last_episodes)
         history.append(m)
         if self._sigterm or last or (every_ckpt and self.iteration % every_ckpt == 0):
           self.save_checkpoint(wait=self._sigterm)
         if self._sigterm:
           self.preempted = self.iteration < total
           break
-      if self.episode_log is not None and not self.preempted:
+      if self.episode_log is not None and not self.preempted and jax.process_index() == 0:
         self.episode_log.build_dataset()
     finally:
       self.close()
