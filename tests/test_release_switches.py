@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from empo2_jax.train import build
 from empo2_jax.train.build import ConfigError, check_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,3 +44,8 @@ def test_bad_switch_values_fail_clearly(path, value, message):
   with pytest.raises(ConfigError, match=message):
     check_config(_cpu(**{path: value}))
 
+
+
+def test_action_correction_reaches_the_env_config():
+  assert build.env_config(_cpu(**{"env.action_correction": "always"})).action_correction == "always"
+  assert build.env_config(_cpu()).action_correction == "on_reject"
