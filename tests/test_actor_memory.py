@@ -1,5 +1,5 @@
-"""Actor-side memory: key construction within the encoder window (recent lines or the chat), retrieval
-for unseen variations."""
+"""Actor-side memory: key construction within the encoder window (recent lines or the chat),
+retrieval for unseen variations."""
 import numpy as np
 import pytest
 

@@ -1,11 +1,11 @@
 """Action text handling: normalisation, word-level Jaccard correction, ambiguity prompts.
 
-The agent writes free text; the simulator accepts only what its parser understands. `correct_action`
-maps it to the valid action with the highest word-level Jaccard overlap: only when the parser rejects
-the text (CORRECTION_MODES "on_reject", ours) or for every action (CORRECTION_MODES "always", the
-release's choice). Ties are broken by character-level similarity (rescues typos), then by fewer words, then
-alphabetically, so the choice never depends on the order the simulator lists actions in (that order
-varies between runs of the same variation).
+The agent writes free text; the simulator accepts only what its parser understands.
+`correct_action` maps it to the valid action with the highest word-level Jaccard overlap: only when
+the parser rejects the text (CORRECTION_MODES "on_reject", ours) or for every action ("always", the
+release's choice). Ties are broken by character-level similarity (rescues typos), then by fewer
+words, then alphabetically, so the choice never depends on the order the simulator lists actions in
+(that order varies between runs of the same variation).
 """
 from __future__ import annotations
 
