@@ -27,6 +27,7 @@ def get_config(arg=None):
                # 'on_reject': Jaccard-correct only text the parser rejects; 'always' (release): every
                # action. Ambiguous requests are answered with option 0 in the same step in both.
                action_correction="on_reject",
+               few_shot=2,          # gold example episodes (train variations) in the first prompt
                # hashCode=2 (constant identity hash): the simulator lists objects in hash-set order,
                # which otherwise depends on the JVM's history; with it a reset is reproducible in any
                # JVM, so a resumed run sees the observations an uninterrupted one sees.
@@ -54,7 +55,8 @@ def get_config(arg=None):
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
   c.optim = dict(lr=1e-6, weight_decay=0.01, b1=0.9, b2=0.999, grad_clip=1.0,
                  minibatch_size=128, micro_rows=8, epochs=1, max_prompt_len=4500,
-                 prompt_len_check="both")   # or 'tip_free' (release): rl/batch.py
+                 prompt_len_check="both",   # or 'tip_free' (release): rl/batch.py
+                 layout="packed")           # or 'turn': one row per turn sample (rl/batch.py)
   # minibatch_size: turn samples per optimizer step. An iteration's samples are shuffled and split
   # into ceil(N / minibatch_size) mini-batches, one step each (verl: 16 x 8 = 128 turn samples,
   # i.e. ~15-30 steps per iteration of 128 ScienceWorld episodes). micro_rows: turn samples per

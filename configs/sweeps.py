@@ -52,6 +52,13 @@ def get_sweep(arg: str) -> list[dict]:
           named("online_tips_only", empo2__q_offpolicy=0.0),
           named("offline_only", empo2__q_offpolicy=1.0),
       ],
+      # docs/results.md: from one SFT checkpoint and the same number of env steps, GRPO (no
+      # memory), EMPO2 with the paper's p, q, and EMPO2 with a larger memory share.
+      "learning": lambda: [
+          named("grpo", empo2__p_memory=0.0),
+          named("empo2", empo2__p_memory=0.25, empo2__q_offpolicy=2.0 / 3.0),
+          named("empo2_p50", empo2__p_memory=0.5, empo2__q_offpolicy=2.0 / 3.0),
+      ],
       # four small runs of the tiny config (tests, the README figure)
       "tiny4": lambda: fixed(product(sweep("empo2.p_memory", [0.0, 0.5]),
                                      sweep("empo2.q_offpolicy", [0.0, 1.0])),

