@@ -86,7 +86,7 @@ def _small(c, args):
   c.rollout.rows_per_iter = 2
   c.rollout.group_size = 2
   c.rollout.max_new_tokens = 16
-  c.rollout.max_context = 2048
+  c.rollout.max_context = 1536          # a 4-step zero-shot episode + its tip chat: ~1k tokens
   c.rollout.cache_dtype = "float32"
   c.empo2.tip_max_new_tokens = 48
   # All three modes show up within a few iterations of the demo.

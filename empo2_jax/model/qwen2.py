@@ -234,7 +234,21 @@ def forward(params: Params, config: Qwen2Config, tokens: jax.Array, attention_ma
 
   body = _remat(body, c.remat)
   kv_in = (cache["k"], cache["v"]) if cache is not None else None
-  if c.scan_layers:
+  if c.scan_layers and cache is not None:
+    # The cache rides in the scan carry and each layer writes its slice back in place: as scan
+    # inputs/outputs, every call would copy the whole [L, B, S, K, hd] cache (decode: per token).
+    def cached_body(carry, xs):
+      h, k_all, v_all = carry
+      layer, i = xs
+      kv_i = (jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False),
+              jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False))
+      h, (k_i, v_i) = body(h, (layer, kv_i))
+      return (h, jax.lax.dynamic_update_index_in_dim(k_all, k_i, i, 0),
+              jax.lax.dynamic_update_index_in_dim(v_all, v_i, i, 0)), None
+    (x, k_out, v_out), _ = jax.lax.scan(cached_body, (x,) + kv_in,
+                                        (params["layers"], jnp.arange(c.num_layers)))
+    kv_out = (k_out, v_out)
+  elif c.scan_layers:
     x, kv_out = jax.lax.scan(body, x, (params["layers"], kv_in))
   else:
     outs = []

@@ -43,7 +43,7 @@ from empo2_jax.sampling import kernels
 @dataclasses.dataclass(frozen=True)
 class SamplerSettings:
   cache_dtype: str = "bfloat16"
-  prefill_chunks: tuple[int, ...] = (16, 64, 256, 1024)        # ascending; the last is the max
+  prefill_chunks: tuple[int, ...] = (16, 64, 256, 512, 1024)   # ascending; the last is the max
   cache_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
   batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # beyond: multiples of last
   new_token_buckets: tuple[int, ...] = (32, 128, 512, 2048)
