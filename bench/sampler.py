@@ -1,10 +1,11 @@
 """Multi-turn sampling on the EMPO2 workload shape: session with prefix reuse vs re-prefill vs HF.
 
-  python bench/sampler.py [--layers 2] [--rows 8] [--prompt 1000] [--growth 150] [--new 32]
-                          [--turns 10] [--cache-dtype float32] [--skip-hf]
+  python bench/sampler.py [--model smollm2|0.5b-shape] [--layers 0] [--rows 8] [--prompt 1000]
+                          [--growth 150] [--new 32] [--turns 10] [--cache-dtype float32] [--skip-hf]
 
-Model: Qwen2.5-0.5B shapes cut to --layers layers, fp32 params and compute, random init (written
-once as a HF checkpoint so both sides read identical weights). Workload: --rows episodes whose
+Model (bench/_models.py): SmolLM2-135M-Instruct's real weights by default, or Qwen2.5-0.5B shapes
+with random init; --layers N keeps the first N layers (0: all); fp32 params and compute, identical
+weights on both sides. Workload: --rows episodes whose
 first prompt has ~--prompt tokens; each turn appends the --new sampled tokens plus a random user
 message so the chat grows by ~--growth tokens; temperature 1, no top-k/top-p, no stop ids (every
 turn generates exactly --new tokens on every side).
@@ -18,7 +19,6 @@ Last line: `sampler turns_per_s ours=<a> reprefill=<b> hf=<c> ratio_vs_hf=<a/c>`
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -68,7 +68,8 @@ def run_hf(model, first, user, turns, new):
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--model", default="smollm2")
+  ap.add_argument("--layers", type=int, default=0)
   ap.add_argument("--rows", type=int, default=8)
   ap.add_argument("--prompt", type=int, default=1000)
   ap.add_argument("--growth", type=int, default=150)
@@ -80,21 +81,17 @@ def main():
 
   import jax
   import torch
-  from transformers import Qwen2ForCausalLM
+  from transformers import AutoModelForCausalLM
 
-  from empo2_jax.model import configs, hf, qwen2
+  from _models import bench_model
   from empo2_jax.sampling.sampler import SamplerSettings
   from empo2_jax.sampling.session import Session
 
-  config = configs.get_preset("0.5b", num_layers=args.layers)
-  tmp = tempfile.mkdtemp(prefix="bench_sampler_")
-  hf.save_checkpoint(tmp, config, qwen2.init_params(config, jax.random.key(0)))
-  config, params = hf.load_checkpoint(tmp)
-  params = jax.device_put(params)
-  first, user = workload(np.random.default_rng(0), args, 151643)
+  config, params, tmp, vocab = bench_model(args.model, args.layers)
+  first, user = workload(np.random.default_rng(0), args, vocab)
   max_tokens = max(len(p) for p in first) + args.turns * (args.growth + 40) + args.new
   settings = SamplerSettings(cache_dtype=args.cache_dtype)
-  print(f"model=0.5b-shape layers={args.layers} fp32 cache={args.cache_dtype} rows={args.rows} "
+  print(f"model={args.model} layers={config.num_layers} fp32 cache={args.cache_dtype} rows={args.rows} "
         f"prompt~{args.prompt} growth~{args.growth} new={args.new} turns={args.turns} "
         f"max_tokens={max_tokens} devices={jax.devices()[0].platform} "
         f"torch_threads={torch.get_num_threads()}")
@@ -120,7 +117,7 @@ def main():
   if args.skip_hf:
     results["hf"] = float("nan")
   else:
-    model = Qwen2ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     run_hf(model, first, user, 1, args.new)
     secs = run_hf(model, first, user, args.turns, args.new)

@@ -61,7 +61,6 @@ def get_config(arg=None):
     # retrieved tips differs between steps, so memory iterations get non-zero advantages.
     c.memory.threshold = 0.95
     c.optim.lr = 1e-3
-    c.env.few_shot = 2
     c.env.max_steps = 2
     c.env.num_test_rows = 1
     c.train.iterations = 2
@@ -98,8 +97,8 @@ def _small(c, args):
   c.optim.minibatch_size = 4
   c.optim.micro_rows = 1
   c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
-  c.train.iterations = 4      # seed 0 draws on_tips, on, off, on
-  c.train.eval_every = 2
+  c.train.iterations = 3      # seed 0 draws on_tips, on, off: every mode once
+  c.train.eval_every = 2      # evaluations after iterations 2 and 3 (the end)
   c.train.eval_repeats = 1
   c.train.checkpoint_every = 2
 
@@ -133,8 +132,8 @@ def _learn(c, args):
   c.train.eval_every = 4
   c.train.eval_repeats = 2
   c.train.checkpoint_every = 4
-  c.sft.variations = 40                # train variations 0..39 (gold paths), test kept out
-  c.sft.steps = 60
+  c.sft.variations = 30                # the first 30 train variations (gold paths); test kept out
+  c.sft.steps = 30
   c.sft.batch_rows = 2
   c.sft.lr = 1e-4
   c.sft.max_len = 3072

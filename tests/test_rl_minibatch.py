@@ -225,3 +225,19 @@ def test_update_compiles_once_per_bucket():
   batch, lay = minibatch.arrange(pattern_batch(8), cfg, seed=(0, 8))    # 1 step, 1 slot
   _, met = update(state, jax.tree.map(jnp.asarray, batch))
   assert int(met["optim_steps"]) == 1 and update._cache_size() == 2
+
+
+def test_packed_rows_split_by_turn_count_never_leave_an_empty_minibatch():
+  counts = [4, 4, 1, 4, 2, 5, 1, 3]
+  index = np.full((8, 5), -1, np.int32)
+  for b, n in enumerate(counts):
+    index[b, :n] = np.arange(n) + 10 * b
+  batch = {"sample_index": index, "advantages": np.ones((8, 5), np.float32)}
+  cfg = UpdateConfig(minibatch_size=4, micro_rows=1)
+  for seed in range(20):
+    out, lay = minibatch.arrange(batch, cfg, seed=seed)
+    k = lay["num_minibatches"]
+    assert 1 <= k <= 6 and len(lay["sizes"]) == k and min(lay["sizes"]) > 0
+    assert sum(lay["sizes"]) == 8 and int(out["slot_steps"].sum()) == k
+    real = out["sample_index"][(out["sample_index"] >= 0).any(axis=1)]
+    assert sorted(real[real >= 0].tolist()) == sorted(index[index >= 0].tolist())

@@ -61,7 +61,8 @@ def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
   One row per turn (sample_index [B]): K = ceil(N / minibatch_size) balanced mini-batches of
   turns in slots of cfg.minibatch_rows rows. Packed rows (sample_index [B, T]): mini-batches are
   still counted in turn samples: the shuffled rows are cut where the running turn count crosses
-  multiples of N / K, so each mini-batch holds about minibatch_size turns (at most T - 1 more);
+  multiples of N / K, so each mini-batch holds about minibatch_size turns (at most T - 1 more;
+  when a long row spans a cut, fewer than K mini-batches result and num_minibatches says so);
   the slot size is the largest group's row count, bucketed. The output also carries
   `slot_steps` [S] int32 (1: the slot takes an optimizer step), whose length tells the update S.
   """
@@ -78,7 +79,9 @@ def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
   else:
     before = np.cumsum(counts[order]) - counts[order]          # turns ahead of each row
     group = (before * max(k, 1)) // max(n_turns, 1)
-    sizes = np.bincount(group, minlength=k).tolist() if len(real) else []
+    # A row holds several turns, so a cut can skip a group: those steps are not taken.
+    sizes = [int(z) for z in np.bincount(group, minlength=k) if z] if len(real) else []
+    k = len(sizes)
     slot_rows = bucket_size(max(sizes, default=1), micro, bucket_growth)
   rows = slots * slot_rows
   n_chunks = rows // micro
