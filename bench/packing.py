@@ -1,6 +1,7 @@
 """Episode packing vs one row per turn: training tokens and update time on a real ScienceWorld batch.
 
   python bench/packing.py [--task find-animal] [--episodes 2] [--min_turns 10] [--layers 0]
+                          [--tokens_only]
 
 Batch: gold trajectories of TRAIN variations with at least --min_turns turns, rendered through the
 actor's chat (zero-shot first prompt, then one user message per observation), each turn a sample
@@ -73,6 +74,7 @@ def main():
   ap.add_argument("--episodes", type=int, default=2)
   ap.add_argument("--min_turns", type=int, default=10)
   ap.add_argument("--layers", type=int, default=0)
+  ap.add_argument("--tokens_only", action="store_true", help="count tokens, skip the updates")
   args = ap.parse_args()
 
   import jax
@@ -103,11 +105,13 @@ def main():
   print(f"batch episodes={args.episodes} turns={len(turns)} rows turn={s_turn['rows']} "
         f"packed={s_pack['packed_rows']} padded_len turn={s_turn['prompt_len'] + 32} "
         f"packed={s_pack['prompt_len']} layers={config.num_layers}", flush=True)
+  print(f"packing train_tokens_per_iter packed={s_pack['tokens']} turn={s_turn['tokens']} "
+        f"ratio={s_turn['tokens'] / s_pack['tokens']:.2f}", flush=True)
+  if args.tokens_only:
+    return
   t_pack, n_pack = time_update(config, params, packed, ucfg)
   t_turn, n_turn = time_update(config, params, per_turn, ucfg)
   print(f"update param_update_norm packed={n_pack:.6g} turn={n_turn:.6g}")
-  print(f"packing train_tokens_per_iter packed={s_pack['tokens']} turn={s_turn['tokens']} "
-        f"ratio={s_turn['tokens'] / s_pack['tokens']:.2f}")
   print(f"packing update_s packed={t_pack:.2f} turn={t_turn:.2f} ratio={t_turn / t_pack:.2f}")
 
 
