@@ -51,7 +51,7 @@ def test_unknown_config_key_names_valid_keys():
   with pytest.raises(AttributeError, match="p_memory"):
     c.empo2.p_memry = 0.5
   with pytest.raises(ValueError, match="valid"):
-    sciworld.get_config("gpu")
+    sciworld.get_config("gpux")
 
 
 def test_train_cli_errors_fast():
