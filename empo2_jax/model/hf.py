@@ -156,15 +156,21 @@ def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
   for file in _weight_files(path):
     for name, arr in iter_safetensors(file):
       _place(params, shapes, config, name, arr, np_dtype, seen)
+  check_complete(path, config, seen, "checkpoint")
+  return config, params
+
+
+def check_complete(path: str, config: Qwen2Config, seen: set, kind: str) -> None:
+  """Raise CheckpointError naming the params (`name` or `name.layer`) a load did not fill."""
+  shapes = param_shapes(config)
   expected = {"embed", "final_norm"} | {f"{k}.{i}" for k in shapes["layers"]
                                         for i in range(config.num_layers)}
   if not config.tie_word_embeddings:
     expected.add("lm_head")
   missing = sorted(expected - seen)
   if missing:
-    raise CheckpointError(f"{path}: checkpoint lacks tensors for {missing[:8]}"
+    raise CheckpointError(f"{path}: {kind} lacks tensors for {missing[:8]}"
                           f"{' ...' if len(missing) > 8 else ''}")
-  return config, params
 
 
 def _place(params, shapes, config, name, arr, np_dtype, seen):
