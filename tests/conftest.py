@@ -45,3 +45,15 @@ def random_batch(rng, batch, length, vocab, left_pad=(), right_pad=()):
     mask[row, length - n:] = 0
     tokens[row, length - n:] = 0
   return tokens, mask
+
+
+def hf_logits(model, tokens, mask):
+  """transformers logits [B, T, V] (fp32 numpy) with positions counted over real tokens only, as
+  our forward counts them (left padding gets position 0)."""
+  import torch
+  pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+                position_ids=torch.tensor(pos, dtype=torch.long))
+  return out.logits.float().numpy()

@@ -10,7 +10,7 @@ import torch
 import jax
 
 from empo2_jax.model import configs, hf, qwen2
-from tests.conftest import random_batch
+from tests.conftest import hf_logits, random_batch
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
@@ -39,15 +39,6 @@ def make_llama_checkpoint(path, *, vocab=384, hidden=48, inter=80, layers=2, hea
         p.add_(0.1 * torch.randn_like(p))
   model.save_pretrained(path, safe_serialization=True)
   return model
-
-
-def hf_logits(model, tokens, mask):
-  pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                attention_mask=torch.tensor(mask, dtype=torch.long),
-                position_ids=torch.tensor(pos, dtype=torch.long))
-  return out.logits.float().numpy()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

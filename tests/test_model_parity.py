@@ -1,13 +1,12 @@
 """Our Qwen2 forward against transformers' Qwen2ForCausalLM on random checkpoints."""
 import numpy as np
 import pytest
-import torch
 
 import jax
 import jax.numpy as jnp
 
 from empo2_jax.model import hf, qwen2
-from tests.conftest import make_hf_checkpoint, random_batch
+from tests.conftest import hf_logits, make_hf_checkpoint, random_batch
 
 CASES = {
     "mha_untied": dict(heads=4, kv_heads=4, tie=False),
@@ -15,15 +14,6 @@ CASES = {
     "gqa_theta": dict(heads=4, kv_heads=2, theta=1_000_000.0, tie=False),
     "gqa_headdim": dict(hidden=64, heads=4, kv_heads=1, head_dim=32, tie=True),
 }
-
-
-def hf_logits(model, tokens, mask):
-  pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                attention_mask=torch.tensor(mask, dtype=torch.long),
-                position_ids=torch.tensor(pos, dtype=torch.long))
-  return out.logits.float().numpy()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
