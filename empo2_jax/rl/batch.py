@@ -251,7 +251,7 @@ def build_packed_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchC
     views = {"cur": [ids[(i, plan[i][0])] for i in members],
              "old": [ids[(i, plan[i][1])] for i in members]}
     for row in pack_views(views, [turns[i].response_ids for i in members]):
-      packed.append(([members[t] for t in row["turn_ids"]], row["cur"], row["old"]))
+      packed.append(([members[t] for t in row["cur"].turn_ids], row["cur"], row["old"]))
   R = cfg.response_len
   longest = max([len(r.tokens) for _, c, o in packed for r in (c, o)], default=1)
   L = bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth)

@@ -41,22 +41,7 @@ def pack_turns(prompts: Sequence[Sequence[int]],
   """
   if len(prompts) != len(responses):
     raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-  rows: list[PackedRow] = []
-  for t, (prompt, resp) in enumerate(zip(prompts, responses)):
-    prompt, resp = list(prompt), list(resp)
-    cur = rows[-1] if rows else None
-    if cur is not None and len(prompt) >= len(cur.tokens) and prompt[:len(cur.tokens)] == cur.tokens:
-      cur.tokens.extend(prompt[len(cur.tokens):])
-    else:
-      cur = PackedRow(tokens=list(prompt), spans=[], turn_ids=[])
-      rows.append(cur)
-    cur.spans.append((len(cur.tokens), len(resp)))
-    cur.turn_ids.append(t)
-    cur.tokens.extend(resp)
-  return rows
-
-
-
+  return [row["x"] for row in pack_views({"x": [list(p) for p in prompts]}, responses)]
 
 
 def pack_views(prompts: dict, responses: Sequence[Sequence[int]]) -> list[dict]:
@@ -64,7 +49,7 @@ def pack_views(prompts: dict, responses: Sequence[Sequence[int]]) -> list[dict]:
 
   prompts: {view: [prompt ids of turn t]}. A turn joins the current row only if EVERY view's
   prompt extends that view's row so far, so all views split the turns into the same rows. Returns
-  one dict per row: {"turn_ids": [...], view: PackedRow for each view}.
+  one dict per row: {view: PackedRow} (every view's PackedRow has the same turn_ids).
   """
   views = list(prompts)
   rows: list[dict] = []
@@ -74,9 +59,8 @@ def pack_views(prompts: dict, responses: Sequence[Sequence[int]]) -> list[dict]:
     if cur is None or not all(
         prompts[v][t][:len(cur[v].tokens)] == cur[v].tokens
         and len(prompts[v][t]) >= len(cur[v].tokens) for v in views):
-      cur = {"turn_ids": [], **{v: PackedRow([], [], []) for v in views}}
+      cur = {v: PackedRow([], [], []) for v in views}
       rows.append(cur)
-    cur["turn_ids"].append(t)
     for v in views:
       row = cur[v]
       row.tokens.extend(prompts[v][t][len(row.tokens):])
