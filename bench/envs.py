@@ -6,18 +6,23 @@ Last line: `envs steps_per_s pool4=<a> naive=<b> ratio=<a/b>`.
 
   .venv/bin/python bench/envs.py [--episodes 12]
 """
+
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from empo2_jax.envs.pool import EnvPool, PoolConfig  # noqa: E402
 from empo2_jax.envs.scienceworld import SciWorldEnv  # noqa: E402
 
-TASKS = ("find-plant", "chemistry-mix", "find-animal", "use-thermometer",
-         "lifespan-longest-lived", "find-living-thing")
+TASKS = (
+  "find-plant",
+  "chemistry-mix",
+  "find-animal",
+  "use-thermometer",
+  "lifespan-longest-lived",
+  "find-living-thing",
+)
 
 
 def make_episodes(n):
@@ -32,7 +37,7 @@ def make_episodes(n):
       env.reset(task, var)
       for k, action in enumerate(gold):
         if env.step(action).done:
-          gold = gold[:k + 1]
+          gold = gold[: k + 1]
           break
       out.append((task, var, gold))
   finally:
@@ -42,8 +47,10 @@ def make_episodes(n):
 
 def run_naive(episodes):
   from scienceworld import ScienceWorldEnv
+
   env = ScienceWorldEnv("", envStepLimit=100)
   try:
+
     def one_pass():
       steps = 0
       for task, var, gold in episodes:
@@ -53,6 +60,7 @@ def run_naive(episodes):
           env.step(action)
           steps += 1
       return steps
+
     one_pass()
     t = time.perf_counter()
     steps = one_pass()
@@ -63,6 +71,7 @@ def run_naive(episodes):
 
 def run_pool(episodes, num_workers):
   with EnvPool(pool_config=PoolConfig(num_workers=num_workers)) as pool:
+
     def one_pass():
       pool.reset([(task, var) for task, var, _ in episodes])
       steps = 0
@@ -70,6 +79,7 @@ def run_pool(episodes, num_workers):
         acts = [g[i] if i < len(g) else None for *_, g in episodes]
         steps += sum(r is not None for r in pool.step(acts))
       return steps
+
     one_pass()
     t = time.perf_counter()
     steps = one_pass()
@@ -81,8 +91,11 @@ def main():
   parser.add_argument("--episodes", type=int, default=12)
   args = parser.parse_args()
   episodes = make_episodes(args.episodes)
-  print(f"{len(episodes)} episodes, {sum(len(g) for *_, g in episodes)} steps per pass, "
-        f"{os.cpu_count()} CPUs", flush=True)
+  print(
+    f"{len(episodes)} episodes, {sum(len(g) for *_, g in episodes)} steps per pass, "
+    f"{os.cpu_count()} CPUs",
+    flush=True,
+  )
   naive = run_naive(episodes)
   print(f"naive library env.step: {naive:.1f} steps/s", flush=True)
   pool = {}

@@ -6,14 +6,11 @@ Model (bench/_models.py): SmolLM2-135M-Instruct's real weights by default, or Qw
 with random init; --layers N keeps the first N layers (0: all). fp32 on both sides. Last line:
 `forward_tokens_per_s ours=<x> hf=<y> ratio=<x/y>`.
 """
+
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def main():
@@ -52,8 +49,10 @@ def main():
     for _ in range(args.iters):
       model(tt)
   ref = n_tok * args.iters / (time.perf_counter() - t0)
-  print(f"model={args.model} layers={config.num_layers} batch={args.batch} seq={args.seq} fp32 "
-        f"devices={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}")
+  print(
+    f"model={args.model} layers={config.num_layers} batch={args.batch} seq={args.seq} fp32 "
+    f"devices={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}"
+  )
   print(f"forward_tokens_per_s ours={ours:.1f} hf={ref:.1f} ratio={ours / ref:.3f}")
 
 

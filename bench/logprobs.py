@@ -7,14 +7,12 @@ sum(logp) + sum(entropy), float32. Temporary memory is XLA's compiled `temp_size
 naive kernel is only timed when its temporaries fit in half of the machine's free memory.
 Last line: `logprobs temp_mib chunked=<a> naive=<b> ratio=<b/a>`.
 """
+
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def free_bytes():
@@ -47,11 +45,12 @@ def main():
     def f(h, w):
       lp, ent = fn(h, w, t, with_entropy=True)
       return jnp.sum(lp) + jnp.sum(ent)
+
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
 
   kernels = {
-      "chunked": objective(lambda *a, **k: token_logprobs(*a, chunk_size=args.chunk, **k)),
-      "naive": objective(naive_token_logprobs),
+    "chunked": objective(lambda *a, **k: token_logprobs(*a, chunk_size=args.chunk, **k)),
+    "naive": objective(naive_token_logprobs),
   }
   temp, secs, values = {}, {}, {}
   for name, f in kernels.items():
@@ -70,13 +69,19 @@ def main():
   if len(values) == 2:
     (vc, (ghc, gwc)), (vn, (ghn, gwn)) = values["chunked"], values["naive"]
     err = max(float(jnp.max(jnp.abs(ghc - ghn))), float(jnp.max(jnp.abs(gwc - gwn))))
-    print(f"value rel diff {abs(float(vc) - float(vn)) / abs(float(vn)):.2e}, "
-          f"max grad abs diff {err:.2e}")
-  print(f"vocab={args.vocab} time={args.time} hidden={args.hidden} chunk={args.chunk} float32 "
-        f"device={jax.devices()[0].platform} time_s chunked={secs['chunked']:.3f} "
-        f"naive={secs['naive']:.3f}")
-  print(f"logprobs temp_mib chunked={temp['chunked']:.1f} naive={temp['naive']:.1f} "
-        f"ratio={temp['naive'] / temp['chunked']:.1f}")
+    print(
+      f"value rel diff {abs(float(vc) - float(vn)) / abs(float(vn)):.2e}, "
+      f"max grad abs diff {err:.2e}"
+    )
+  print(
+    f"vocab={args.vocab} time={args.time} hidden={args.hidden} chunk={args.chunk} float32 "
+    f"device={jax.devices()[0].platform} time_s chunked={secs['chunked']:.3f} "
+    f"naive={secs['naive']:.3f}"
+  )
+  print(
+    f"logprobs temp_mib chunked={temp['chunked']:.1f} naive={temp['naive']:.1f} "
+    f"ratio={temp['naive'] / temp['chunked']:.1f}"
+  )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Episode packing vs one row per turn: training tokens and update time on a real ScienceWorld batch.
+"""Episode packing vs one row per turn: training tokens and update time on a real ScienceWorld
+batch.
 
   python bench/packing.py [--task find-animal] [--episodes 2] [--min_turns 10] [--layers 0]
                           [--tokens_only]
@@ -15,14 +16,9 @@ micro-batch); the second call is timed. Lines:
   packing train_tokens_per_iter packed=<tokens> turn=<tokens> ratio=<turn/packed>
   packing update_s packed=<s> turn=<s> ratio=<turn/packed>
 """
+
 import argparse
-import os
-import sys
 import time
-
-import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def gold_turns(task, episodes, min_turns, tokenizer):
@@ -30,6 +26,7 @@ def gold_turns(task, episodes, min_turns, tokenizer):
   from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
   from empo2_jax.rl.batch import Turn
   from empo2_jax.train import sft
+
   env = SciWorldEnv(SciWorldConfig(default_max_steps=1000, max_steps_overrides=()))
   turns = []
   try:
@@ -40,12 +37,22 @@ def gold_turns(task, episodes, min_turns, tokenizer):
       if len(traj.steps) < min_turns:
         continue
       chat = sft.gold_chat(fewshot.prompt_material(env, task, v), traj)
-      for step, (msg_i, answer) in enumerate(zip(range(1, len(chat), 2),
-                                                 sft.chat_turns(tokenizer, chat)[1])):
-        turns.append(Turn(messages=chat[:msg_i], response=chat[msg_i]["content"],
-                          response_ids=answer, sampler_logprobs=[-0.5] * len(answer), mode="on",
-                          group_id=0, rollout_id=v, step=step,
-                          episode_return=float(traj.final_score) * (v % 2)))
+      for step, (msg_i, answer) in enumerate(
+        zip(range(1, len(chat), 2), sft.chat_turns(tokenizer, chat)[1])
+      ):
+        turns.append(
+          Turn(
+            messages=chat[:msg_i],
+            response=chat[msg_i]["content"],
+            response_ids=answer,
+            sampler_logprobs=[-0.5] * len(answer),
+            mode="on",
+            group_id=0,
+            rollout_id=v,
+            step=step,
+            episode_return=float(traj.final_score) * (v % 2),
+          )
+        )
   finally:
     env.close()
   return turns
@@ -56,12 +63,13 @@ def time_update(config, params, batch, ucfg):
   import jax.numpy as jnp
   from empo2_jax.rl import minibatch
   from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
+
   arranged, _ = minibatch.arrange(batch, ucfg, seed=0)
   arranged = jax.tree.map(jnp.asarray, arranged)
   opt = make_optimizer(ucfg)
   update = make_update_fn(config, ucfg, opt, donate=False)
   state = init_train_state(params, opt)
-  jax.block_until_ready(update(state, arranged))          # compile
+  jax.block_until_ready(update(state, arranged))  # compile
   t0 = time.perf_counter()
   _, met = update(state, arranged)
   jax.block_until_ready(met)
@@ -90,23 +98,33 @@ def main():
   config, params = hf.load_checkpoint(path)
   if args.layers:
     config = config.replace(num_layers=args.layers)
-    params = dict(params, layers={k: v[:args.layers] for k, v in params["layers"].items()})
+    params = dict(params, layers={k: v[: args.layers] for k, v in params["layers"].items()})
   params = jax.tree.map(jnp.asarray, params)
   tok = load_tokenizer(path)
   turns = gold_turns(args.task, args.episodes, args.min_turns, tok)
-  adv = adv_lib.grpo_step_advantages([t.group_id for t in turns],
-                                     [t.episode_return for t in turns], [0.0] * len(turns))
-  bcfg = BatchConfig(max_prompt_len=8192, response_len=32, row_multiple=1,
-                     pad_id=tok.pad_token_id)
-  ucfg = UpdateConfig(minibatch_size=len(turns), micro_rows=1, learning_rate=1e-6,
-                      loss=LossConfig(low_prob_mask=False))
+  adv = adv_lib.grpo_step_advantages(
+    [t.group_id for t in turns], [t.episode_return for t in turns], [0.0] * len(turns)
+  )
+  bcfg = BatchConfig(max_prompt_len=8192, response_len=32, row_multiple=1, pad_id=tok.pad_token_id)
+  ucfg = UpdateConfig(
+    minibatch_size=len(turns),
+    micro_rows=1,
+    learning_rate=1e-6,
+    loss=LossConfig(low_prob_mask=False),
+  )
   per_turn, s_turn = build_batch(turns, adv, tok, bcfg)
   packed, s_pack = build_packed_batch(turns, adv, tok, bcfg)
-  print(f"batch episodes={args.episodes} turns={len(turns)} rows turn={s_turn['rows']} "
-        f"packed={s_pack['packed_rows']} padded_len turn={s_turn['prompt_len'] + 32} "
-        f"packed={s_pack['prompt_len']} layers={config.num_layers}", flush=True)
-  print(f"packing train_tokens_per_iter packed={s_pack['tokens']} turn={s_turn['tokens']} "
-        f"ratio={s_turn['tokens'] / s_pack['tokens']:.2f}", flush=True)
+  print(
+    f"batch episodes={args.episodes} turns={len(turns)} rows turn={s_turn['rows']} "
+    f"packed={s_pack['packed_rows']} padded_len turn={s_turn['prompt_len'] + 32} "
+    f"packed={s_pack['prompt_len']} layers={config.num_layers}",
+    flush=True,
+  )
+  print(
+    f"packing train_tokens_per_iter packed={s_pack['tokens']} turn={s_turn['tokens']} "
+    f"ratio={s_turn['tokens'] / s_pack['tokens']:.2f}",
+    flush=True,
+  )
   if args.tokens_only:
     return
   t_pack, n_pack = time_update(config, params, packed, ucfg)

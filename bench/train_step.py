@@ -11,26 +11,28 @@ Ours: one `rl/update` call = old log-probs (no-grad forward) + forward/backward 
 log-softmax of the response positions, the same on-policy surrogate, backward, clip, AdamW step.
 Last line: `train_step tokens_per_s ours=<a> torch=<b> ratio=<a/b>` (tokens = batch x length).
 """
+
 import argparse
-import os
-import sys
 import tempfile
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def make_batch(rows, prompt, response, vocab):
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, vocab, (rows, prompt + response)).astype(np.int32)
   attn = np.ones_like(tokens)
-  return {"cur_tokens": tokens, "cur_attn": attn, "old_tokens": tokens, "old_attn": attn,
-          "response_mask": np.ones((rows, response), np.float32),
-          "sampler_logp": np.full((rows, response), -12.0, np.float32),
-          "advantages": rng.normal(0, 1, rows).astype(np.float32),
-          "sample_index": np.arange(rows, dtype=np.int32)}
+  return {
+    "cur_tokens": tokens,
+    "cur_attn": attn,
+    "old_tokens": tokens,
+    "old_attn": attn,
+    "response_mask": np.ones((rows, response), np.float32),
+    "sampler_logp": np.full((rows, response), -12.0, np.float32),
+    "advantages": rng.normal(0, 1, rows).astype(np.float32),
+    "sample_index": np.arange(rows, dtype=np.int32),
+  }
 
 
 def time_ours(path, batch, iters):
@@ -43,8 +45,9 @@ def time_ours(path, batch, iters):
 
   config, params = hf.load_checkpoint(path)
   rows = batch["advantages"].shape[0]
-  cfg = UpdateConfig(learning_rate=1e-6, micro_rows=rows,
-                     loss=LossConfig(low_prob_mask=False))  # random model: every token is rare
+  cfg = UpdateConfig(
+    learning_rate=1e-6, micro_rows=rows, loss=LossConfig(low_prob_mask=False)
+  )  # random model: every token is rare
   opt = make_optimizer(cfg)
   state = init_train_state(jax.device_put(params), opt)
   batch = jax.tree.map(jnp.asarray, batch)
@@ -73,8 +76,8 @@ def time_torch(path, batch, iters):
 
   def step():
     logits = model(input_ids=tokens, attention_mask=attn).logits  # [B, L, V]
-    logp = torch.log_softmax(logits[:, length - resp - 1:length - 1].float(), -1)
-    logp = logp.gather(-1, tokens[:, length - resp:, None])[..., 0]
+    logp = torch.log_softmax(logits[:, length - resp - 1 : length - 1].float(), -1)
+    logp = logp.gather(-1, tokens[:, length - resp :, None])[..., 0]
     ratio = torch.exp(logp - logp.detach())  # on-policy PPO ratio: value 1, gradient of logp
     loss = -(adv * ratio * mask).sum() / mask.sum()
     opt.zero_grad(set_to_none=True)
@@ -112,13 +115,19 @@ def main():
 
   ours_s, ours_loss = time_ours(path, batch, args.iters)
   torch_s, torch_loss = time_torch(path, batch, args.iters)
-  print(f"model=0.5b-shape layers={args.layers} batch={args.batch} length="
-        f"{args.prompt + args.response} (response {args.response}) fp32 "
-        f"device={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}")
-  print(f"step_s ours={ours_s:.3f} torch={torch_s:.3f}  last loss ours={ours_loss:.4f} "
-        f"torch={torch_loss:.4f}")
-  print(f"train_step tokens_per_s ours={n_tok / ours_s:.1f} torch={n_tok / torch_s:.1f} "
-        f"ratio={torch_s / ours_s:.3f}")
+  print(
+    f"model=0.5b-shape layers={args.layers} batch={args.batch} length="
+    f"{args.prompt + args.response} (response {args.response}) fp32 "
+    f"device={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}"
+  )
+  print(
+    f"step_s ours={ours_s:.3f} torch={torch_s:.3f}  last loss ours={ours_loss:.4f} "
+    f"torch={torch_loss:.4f}"
+  )
+  print(
+    f"train_step tokens_per_s ours={n_tok / ours_s:.1f} torch={n_tok / torch_s:.1f} "
+    f"ratio={torch_s / ours_s:.3f}"
+  )
 
 
 if __name__ == "__main__":

@@ -1,16 +1,13 @@
 """EMPO2 on ScienceWorld.
 
-  configs/sciworld.py                 the paper's setup (Qwen2.5-7B-Instruct; needs
-                                      --config.model.checkpoint=DIR, local or gs://)
-  configs/sciworld.py:cpu             the embedded CPU default: a small random-init Qwen2-architecture
-                                      model, bundled tokenizer and MiniLM, one task, small batch
-  configs/sciworld.py:task=find-animal[,cpu]   pick the task (and optionally the CPU variant)
+configs/sciworld.py                 the paper's setup (Qwen2.5-7B-Instruct; needs
+                                    --config.model.checkpoint=DIR, local or gs://)
+configs/sciworld.py:cpu             the embedded CPU default: a small random-init Qwen2-architecture
+                                    model, bundled tokenizer and MiniLM, one task, small batch
+configs/sciworld.py:task=find-animal[,cpu]   pick the task (and optionally the CPU variant)
 """
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import base  # noqa: E402  pylint: disable=wrong-import-position
+from empo2_jax import defaults
 
 
 def _parse(arg):
@@ -25,14 +22,16 @@ def _parse(arg):
     out[k] = v if eq else True
   unknown = set(out) - {"cpu", "task", "7b", "tiny", "learn", "gpu"}
   if unknown:
-    raise ValueError(f"unknown sciworld config arguments {sorted(unknown)}; "
-                     "valid: cpu, tiny, learn, gpu, 7b, task=<name>")
+    raise ValueError(
+      f"unknown sciworld config arguments {sorted(unknown)}; "
+      "valid: cpu, tiny, learn, gpu, 7b, task=<name>"
+    )
   return out
 
 
 def get_config(arg=None):
   args = _parse(arg)
-  c = base.get_config()
+  c = defaults.get_config()
   if "task" in args:
     c.env.task = args["task"]
   if args.get("cpu") or args.get("tiny"):
@@ -73,7 +72,7 @@ def get_config(arg=None):
 def _small(c, args):
   """What the CPU demo and the test config share: one task, 2 rows x 2 rollouts, short episodes."""
   c.model.param_dtype = "float32"
-  c.model.compute_dtype = "float32"     # no bf16 matmul units on a CPU
+  c.model.compute_dtype = "float32"  # no bf16 matmul units on a CPU
   c.model.remat = "none"
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
   c.env.task = args.get("task", "find-animal")
@@ -81,11 +80,11 @@ def _small(c, args):
   c.env.num_test_rows = 2
   c.env.max_steps = 4
   c.env.workers = 2
-  c.env.few_shot = 0                    # zero-shot: a ~430-token first prompt instead of ~1k
+  c.env.few_shot = 0  # zero-shot: a ~430-token first prompt instead of ~1k
   c.rollout.rows_per_iter = 2
   c.rollout.group_size = 2
   c.rollout.max_new_tokens = 16
-  c.rollout.max_context = 1536          # a 4-step zero-shot episode + its tip chat: ~1k tokens
+  c.rollout.max_context = 1536  # a 4-step zero-shot episode + its tip chat: ~1k tokens
   c.rollout.cache_dtype = "float32"
   c.empo2.tip_max_new_tokens = 48
   # All three modes show up within a few iterations of the demo.
@@ -97,8 +96,8 @@ def _small(c, args):
   c.optim.minibatch_size = 4
   c.optim.micro_rows = 1
   c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
-  c.train.iterations = 3      # seed 0 draws on_tips, on, off: every mode once
-  c.train.eval_every = 2      # evaluations after iterations 2 and 3 (the end)
+  c.train.iterations = 3  # seed 0 draws on_tips, on, off: every mode once
+  c.train.eval_every = 2  # evaluations after iterations 2 and 3 (the end)
   c.train.eval_repeats = 1
   c.train.checkpoint_every = 2
 
@@ -109,7 +108,7 @@ def _learn(c, args):
   evaluated on held-out test variations without memory. `learn` fits this 2-core CPU machine;
   `gpu` is the same experiment sized for one accelerator (larger batch, more iterations)."""
   _small(c, args)
-  c.model.checkpoint = "embedded:smollm2-135m-instruct"   # launch/train.py: pass the SFT hf/ dir
+  c.model.checkpoint = "embedded:smollm2-135m-instruct"  # launch/train.py: pass the SFT hf/ dir
   c.model.random_init = False
   # find-non-living-thing: gold paths of 3-7 steps, 150 train / 75 test variations; a 135M model
   # can learn to act on it, and it leaves room to improve after SFT (the score counts focusing on
@@ -120,9 +119,9 @@ def _learn(c, args):
   c.env.max_steps = 10
   c.rollout.rows_per_iter = 2
   c.rollout.group_size = 4
-  c.rollout.max_context = 2048           # zero-shot 10-step episodes stay ~1.1k tokens
+  c.rollout.max_context = 2048  # zero-shot 10-step episodes stay ~1.1k tokens
   c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
-  c.optim.minibatch_size = 16          # turn samples per step: ~2-4 steps an iteration
+  c.optim.minibatch_size = 16  # turn samples per step: ~2-4 steps an iteration
   c.optim.micro_rows = 1
   # A 135M model after SFT needs larger steps than the paper's 7B at lr 1e-6 to move in tens of
   # iterations; chosen on the TRAIN rows' returns, never on the test variations.
@@ -132,13 +131,13 @@ def _learn(c, args):
   c.train.eval_every = 4
   c.train.eval_repeats = 1
   c.train.checkpoint_every = 4
-  c.sft.variations = 30                # the first 30 train variations (gold paths); test kept out
+  c.sft.variations = 30  # the first 30 train variations (gold paths); test kept out
   c.sft.steps = 20
   c.sft.batch_rows = 2
   c.sft.lr = 1e-4
   c.sft.max_len = 2048
   c.sft.checkpoint_every = 20
-  if args.get("gpu"):                  # one H200 / a TPU VM: <= 8 minutes of accelerator time
+  if args.get("gpu"):  # one H200 / a TPU VM: <= 8 minutes of accelerator time
     c.model.compute_dtype = "bfloat16"
     c.rollout.cache_dtype = "bfloat16"
     c.env.workers = 16

@@ -8,6 +8,7 @@ config overrides (`path: value`, paths below the config root) plus an optional `
 Build runs with `sweep` (one key, many values), `product` (every combination) and `zip_`
 (element-wise); `fixed` adds the same overrides to every run.
 """
+
 import itertools
 
 
@@ -37,32 +38,36 @@ def named(name: str, **overrides) -> dict:
 
 def get_sweep(arg: str) -> list[dict]:
   sweeps = {
-      # memory probability p x off-policy share q (SPEC §1; the paper's ablation grid)
-      "pq": lambda: product(sweep("empo2.p_memory", [0.1, 0.25, 0.5]),
-                            sweep("empo2.q_offpolicy", [1 / 3, 2 / 3])),
-      # the low-probability mask threshold delta (SPEC §4); 0 disables the mask
-      "delta": lambda: sweep("loss.low_prob_delta", [-3.0, -5.0, -10.0]) + [
-          named("no_mask", loss__low_prob_mask=False)],
-      # scale of the intrinsic memory reward, 0 = none
-      "intrinsic": lambda: sweep("empo2.intrinsic_scale", [0.0, 0.5, 1.0, 2.0]),
-      # EMPO2 vs GRPO (no memory) vs its two halves (the paper's Figure 1a / 9 comparison)
-      "methods": lambda: [
-          named("empo2"),
-          named("grpo", empo2__p_memory=0.0),
-          named("online_tips_only", empo2__q_offpolicy=0.0),
-          named("offline_only", empo2__q_offpolicy=1.0),
-      ],
-      # docs/results.md: from one SFT checkpoint and the same number of env steps, GRPO (no
-      # memory), EMPO2 with the paper's p, q, and EMPO2 with a larger memory share.
-      "learning": lambda: [
-          named("grpo", empo2__p_memory=0.0),
-          named("empo2", empo2__p_memory=0.25, empo2__q_offpolicy=2.0 / 3.0),
-          named("empo2_p50", empo2__p_memory=0.5, empo2__q_offpolicy=2.0 / 3.0),
-      ],
-      # four small runs of the tiny config (tests, the README figure)
-      "tiny4": lambda: fixed(product(sweep("empo2.p_memory", [0.0, 0.5]),
-                                     sweep("empo2.q_offpolicy", [0.0, 1.0])),
-                             train__iterations=2),
+    # memory probability p x off-policy share q (SPEC §1; the paper's ablation grid)
+    "pq": lambda: product(
+      sweep("empo2.p_memory", [0.1, 0.25, 0.5]), sweep("empo2.q_offpolicy", [1 / 3, 2 / 3])
+    ),
+    # the low-probability mask threshold delta (SPEC §4); 0 disables the mask
+    "delta": lambda: (
+      sweep("loss.low_prob_delta", [-3.0, -5.0, -10.0])
+      + [named("no_mask", loss__low_prob_mask=False)]
+    ),
+    # scale of the intrinsic memory reward, 0 = none
+    "intrinsic": lambda: sweep("empo2.intrinsic_scale", [0.0, 0.5, 1.0, 2.0]),
+    # EMPO2 vs GRPO (no memory) vs its two halves (the paper's Figure 1a / 9 comparison)
+    "methods": lambda: [
+      named("empo2"),
+      named("grpo", empo2__p_memory=0.0),
+      named("online_tips_only", empo2__q_offpolicy=0.0),
+      named("offline_only", empo2__q_offpolicy=1.0),
+    ],
+    # docs/results.md: from one SFT checkpoint and the same number of env steps, GRPO (no
+    # memory), EMPO2 with the paper's p, q, and EMPO2 with a larger memory share.
+    "learning": lambda: [
+      named("grpo", empo2__p_memory=0.0),
+      named("empo2", empo2__p_memory=0.25, empo2__q_offpolicy=2.0 / 3.0),
+      named("empo2_p50", empo2__p_memory=0.5, empo2__q_offpolicy=2.0 / 3.0),
+    ],
+    # four small runs of the tiny config (tests, the README figure)
+    "tiny4": lambda: fixed(
+      product(sweep("empo2.p_memory", [0.0, 0.5]), sweep("empo2.q_offpolicy", [0.0, 1.0])),
+      train__iterations=2,
+    ),
   }
   if arg not in sweeps:
     raise ValueError(f"unknown sweep {arg!r}; valid: {', '.join(sorted(sweeps))}")

@@ -7,14 +7,14 @@ Needs libtpu installed (requirements-dev.txt); no TPU and no parameter memory ar
 line is machine-readable:
   aot program=<p> preset=<p> topology=<t> per_chip_gib=<x> hbm_gib=<y> fits=<true|false> est_mfu=<z>
 """
+
 import argparse
 import os
 import sys
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")       # the host runs nothing; libtpu compiles
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")    # not on a TPU VM: skip the metadata server
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs nothing; libtpu compiles
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: skip the metadata server
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chip to lock
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
@@ -30,12 +30,11 @@ for _module in PROGRAM_MODULES:
 
 
 def base_config():
-  """configs/base.py's config: the dtypes, remat and mesh that training uses by default."""
-  spec = importlib.util.spec_from_file_location("empo2_configs_base",
-                                                os.path.join(ROOT, "configs", "base.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  """The base config (empo2_jax/defaults.py): the dtypes, remat and mesh training uses by
+  default."""
+  from empo2_jax import defaults
+
+  return defaults.get_config()
 
 
 def main(argv=None) -> int:
@@ -49,23 +48,45 @@ def main(argv=None) -> int:
   p.add_argument("--seq", type=int, required=True, help="tokens per row")
   # Defaults are the training defaults of configs/base.py, nothing else.
   p.add_argument("--mesh", default=mesh, help=f"default {mesh} (configs/base.py)")
-  p.add_argument("--remat", default=c.model.remat,
-                 help=f"none | full | dots_saveable; default {c.model.remat} (configs/base.py)")
-  p.add_argument("--param_dtype", default=c.model.param_dtype,
-                 help=f"weight storage; default {c.model.param_dtype} (configs/base.py)")
-  p.add_argument("--compute_dtype", default=c.model.compute_dtype,
-                 help=f"matmul dtype; default {c.model.compute_dtype} (configs/base.py)")
+  p.add_argument(
+    "--remat",
+    default=c.model.remat,
+    help=f"none | full | dots_saveable; default {c.model.remat} (configs/base.py)",
+  )
+  p.add_argument(
+    "--param_dtype",
+    default=c.model.param_dtype,
+    help=f"weight storage; default {c.model.param_dtype} (configs/base.py)",
+  )
+  p.add_argument(
+    "--compute_dtype",
+    default=c.model.compute_dtype,
+    help=f"matmul dtype; default {c.model.compute_dtype} (configs/base.py)",
+  )
   p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation steps")
   p.add_argument("--loss_chunk", type=int, default=512, help="tokens per vocab-projection chunk")
   p.add_argument("--hbm_gib", type=float, default=None, help="override the chip's HBM (what-if)")
-  p.add_argument("--no_cost_probe", action="store_true",
-                 help="skip the flops/time probes (est_mfu=nan; memory figures only)")
+  p.add_argument(
+    "--no_cost_probe",
+    action="store_true",
+    help="skip the flops/time probes (est_mfu=nan; memory figures only)",
+  )
   a = p.parse_args(argv)
-  req = aot.AotRequest(program=a.program, preset=a.preset, topology=a.topology, batch=a.batch,
-                       seq=a.seq, mesh=a.mesh, remat=a.remat, param_dtype=a.param_dtype,
-                       compute_dtype=a.compute_dtype, num_microbatches=a.microbatches,
-                       loss_chunk=a.loss_chunk, hbm_gib=a.hbm_gib,
-                       cost_probe=not a.no_cost_probe)
+  req = aot.AotRequest(
+    program=a.program,
+    preset=a.preset,
+    topology=a.topology,
+    batch=a.batch,
+    seq=a.seq,
+    mesh=a.mesh,
+    remat=a.remat,
+    param_dtype=a.param_dtype,
+    compute_dtype=a.compute_dtype,
+    num_microbatches=a.microbatches,
+    loss_chunk=a.loss_chunk,
+    hbm_gib=a.hbm_gib,
+    cost_probe=not a.no_cost_probe,
+  )
   try:
     report = aot.compile_program(req)
   except (ValueError, KeyError) as e:

@@ -8,11 +8,11 @@ test variations x train.eval_repeats episodes at train.eval_temperature, without
 run's memory, or both, and prints a markdown table (per task: return mean ± std, success rate).
 The table is also written to <workdir>/eval/table.md and table.csv.
 """
+
 import os
 import sys
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # ScienceWorld starts its JVM with fork+exec; Python warns about fork in a threaded process, which
 # does not apply to an immediate exec.
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
@@ -20,21 +20,26 @@ warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=R
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file (path[:arg])",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "config file (path[:arg])", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "the training run's workdir", required=True)
-_MEMORY = flags.DEFINE_enum("memory", "without", ["without", "with", "both"],
-                            "evaluate without the run's memory (the paper's number), with it, "
-                            "or both")
+_MEMORY = flags.DEFINE_enum(
+  "memory",
+  "without",
+  ["without", "with", "both"],
+  "evaluate without the run's memory (the paper's number), with it, or both",
+)
 
 
 def main(argv):
   del argv
-  if not flags.FLAGS["verbosity"].present:     # keep orbax's INFO lines out of the way
+  if not flags.FLAGS["verbosity"].present:  # keep orbax's INFO lines out of the way
     logging.set_verbosity(logging.WARNING)
   from empo2_jax.train import evaluate
   from empo2_jax.train.build import ConfigError
   from empo2_jax.train.trainer import Trainer
+
   config = _CONFIG.value
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=False)
@@ -43,19 +48,25 @@ def main(argv):
   try:
     try:
       step = trainer.resume(read_only=True)
-    except RuntimeError as e:     # checkpoints there, none restorable
+    except RuntimeError as e:  # checkpoints there, none restorable
       sys.exit(f"error: {e}")
     if step is None:
-      print(f"warning: no checkpoint in {_WORKDIR.value}; evaluating the initial policy",
-            file=sys.stderr)
+      print(
+        f"warning: no checkpoint in {_WORKDIR.value}; evaluating the initial policy",
+        file=sys.stderr,
+      )
     settings = {"without": [False], "with": [True], "both": [False, True]}[_MEMORY.value]
     rows = []
     for with_memory in settings:
       episodes = trainer.eval_episodes(with_memory)
-      rows.append(evaluate.summarize(config.env.task,
-                                     "with memory" if with_memory else "no memory",
-                                     [e.episode_return for e in episodes],
-                                     [e.success for e in episodes]))
+      rows.append(
+        evaluate.summarize(
+          config.env.task,
+          "with memory" if with_memory else "no memory",
+          [e.episode_return for e in episodes],
+          [e.success for e in episodes],
+        )
+      )
   finally:
     trainer.close()
   rows = evaluate.with_average(rows)

@@ -7,6 +7,7 @@ axis, as the paper's Figures 1a/9/10), policy entropy, and the time per phase (F
 Writes returns.png, entropy.png, time_per_phase.png and comparison.png (all four panels) into --out.
 A workdir without metrics.jsonl but with subdirectories that have one stands for those runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,20 +18,21 @@ import sys
 import numpy as np
 
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
 METRICS = "metrics.jsonl"
-PHASE_SKIP = ("time/iteration",)      # the total, not a phase
-MARKERS = "osD^vP*Xh<>"               # runs that coincide stay visible
+PHASE_SKIP = ("time/iteration",)  # the total, not a phase
+MARKERS = "osD^vP*Xh<>"  # runs that coincide stay visible
 
 
 def read_run(workdir: str) -> list[dict]:
   with open(os.path.join(workdir, METRICS), encoding="utf-8") as f:
     records = [json.loads(line) for line in f if line.strip()]
   last = {}
-  for r in records:                    # a resumed run may repeat an iteration: keep the last
+  for r in records:  # a resumed run may repeat an iteration: keep the last
     last[int(r["iteration"])] = r
   return [last[k] for k in sorted(last)]
 
@@ -42,8 +44,11 @@ def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
     if os.path.exists(os.path.join(w, METRICS)):
       runs[os.path.basename(w)] = read_run(w)
       continue
-    subs = sorted(d for d in os.listdir(w) if os.path.exists(os.path.join(w, d, METRICS))) \
-        if os.path.isdir(w) else []
+    subs = (
+      sorted(d for d in os.listdir(w) if os.path.exists(os.path.join(w, d, METRICS)))
+      if os.path.isdir(w)
+      else []
+    )
     if not subs:
       raise SystemExit(f"error: {w} has no {METRICS} and no run directories with one")
     for d in subs:
@@ -52,8 +57,11 @@ def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-  pts = [(r["iteration"], r[key]) for r in records
-         if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+  pts = [
+    (r["iteration"], r[key])
+    for r in records
+    if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])
+  ]
   if not pts:
     return np.zeros(0), np.zeros(0)
   x, y = zip(*pts)
@@ -65,7 +73,7 @@ def smooth(y: np.ndarray, window: int) -> np.ndarray:
     return y
   out = np.empty_like(y)
   for i in range(len(y)):
-    out[i] = y[max(0, i - window + 1):i + 1].mean()
+    out[i] = y[max(0, i - window + 1) : i + 1].mean()
   return out
 
 
@@ -75,8 +83,16 @@ def plot_lines(ax, runs, key, title, window, eval_key=None):
     color = f"C{i % 10}"
     x, y = series(recs, key)
     if len(x):
-      ax.plot(x, smooth(y, window), color=color, label=name, lw=1.6,
-              marker=MARKERS[i % len(MARKERS)], ms=9 - 1.5 * (i % 4), mfc="none")
+      ax.plot(
+        x,
+        smooth(y, window),
+        color=color,
+        label=name,
+        lw=1.6,
+        marker=MARKERS[i % len(MARKERS)],
+        ms=9 - 1.5 * (i % 4),
+        mfc="none",
+      )
       drawn = True
     if eval_key:
       x, y = series(recs, eval_key)
@@ -93,8 +109,7 @@ def plot_lines(ax, runs, key, title, window, eval_key=None):
   if drawn:
     ax.legend(fontsize=7)
   else:
-    ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", va="center",
-            transform=ax.transAxes)
+    ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", va="center", transform=ax.transAxes)
 
 
 def phase_means(recs: list[dict], skip_first: bool = True) -> dict[str, float]:
@@ -102,8 +117,9 @@ def phase_means(recs: list[dict], skip_first: bool = True) -> dict[str, float]:
   if skip_first and len(recs) > 1:
     recs = recs[1:]
   keys = sorted({k for r in recs for k in r if k.startswith("time/") and k not in PHASE_SKIP})
-  return {k: float(np.mean([r[k] for r in recs if isinstance(r.get(k), (int, float))]))
-          for k in keys}
+  return {
+    k: float(np.mean([r[k] for r in recs if isinstance(r.get(k), (int, float))])) for k in keys
+  }
 
 
 def plot_phases(ax, runs):
@@ -113,7 +129,7 @@ def plot_phases(ax, runs):
   bottom = np.zeros(len(names))
   for j, k in enumerate(keys):
     vals = np.array([phases[n].get(k, 0.0) for n in names])
-    ax.bar(names, vals, bottom=bottom, label=k[len("time/"):], color=f"C{j % 10}")
+    ax.bar(names, vals, bottom=bottom, label=k[len("time/") :], color=f"C{j % 10}")
     bottom += vals
   ax.set_title("time per iteration by phase (mean of iterations >= 2)")
   ax.set_ylabel("seconds")
@@ -134,8 +150,9 @@ def make_plots(runs: dict, out: str, window: int = 1, dpi: int = 100) -> list[st
     paths.append(path)
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  plot_lines(axes[0], runs, "return_mean", "return (training rollouts)", window,
-             eval_key="eval/return_mean")
+  plot_lines(
+    axes[0], runs, "return_mean", "return (training rollouts)", window, eval_key="eval/return_mean"
+  )
   plot_lines(axes[1], runs, "success", "success rate", window, eval_key="eval/success")
   save(fig, "returns.png")
   fig, ax = plt.subplots(figsize=(6, 4))

@@ -10,26 +10,20 @@ Arguments this script does not know (e.g. --config.train.iterations=20, --no_pro
 to every run. Rerunning a sweep resumes each run from its newest checkpoint (launch/train.py).
 <workdir>/sweep.json lists the runs; `python launch/plot.py --workdirs=<workdir>` compares them.
 """
+
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
 import subprocess
 import sys
 
+from empo2_jax.defaults import load_module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "launch", "train.py")
-
-
-def load_module(path: str):
-  spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
-  module = importlib.util.module_from_spec(spec)
-  sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-  spec.loader.exec_module(module)
-  return module
 
 
 def _split(arg: str) -> tuple[str, str | None]:
@@ -51,7 +45,7 @@ def run_name(overrides: dict) -> str:
 def check_overrides(config, overrides: dict, where: str) -> None:
   """Fail early, naming the valid keys, when a sweep sets a field the config lacks or mistypes."""
   config = config.copy_and_resolve_references()
-  config.unlock()     # only to test the assignment; the train run gets a locked config
+  config.unlock()  # only to test the assignment; the train run gets a locked config
   for key, value in overrides.items():
     if key == "name":
       continue
@@ -59,8 +53,10 @@ def check_overrides(config, overrides: dict, where: str) -> None:
     for i, part in enumerate(parts):
       keys = list(node.keys()) if hasattr(node, "keys") else []
       if part not in keys:
-        raise SystemExit(f"error: sweep {where} sets {key!r}: config.{'.'.join(parts[:i]) or ''} "
-                         f"has no field {part!r}; valid keys: {', '.join(sorted(keys))}")
+        raise SystemExit(
+          f"error: sweep {where} sets {key!r}: config.{'.'.join(parts[:i]) or ''} "
+          f"has no field {part!r}; valid keys: {', '.join(sorted(keys))}"
+        )
       if i < len(parts) - 1:
         node = node[part]
     try:
@@ -88,8 +84,14 @@ def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> l
     run_dir = os.path.join(workdir, name)
     cmd = [sys.executable, TRAIN, f"--config={config_arg}", f"--workdir={run_dir}"]
     cmd += [f"--config.{k}={v}" for k, v in overrides.items() if k != "name"] + list(extra)
-    out.append({"name": name, "overrides": {k: v for k, v in overrides.items() if k != "name"},
-                "workdir": run_dir, "command": cmd})
+    out.append(
+      {
+        "name": name,
+        "overrides": {k: v for k, v in overrides.items() if k != "name"},
+        "workdir": run_dir,
+        "command": cmd,
+      }
+    )
   return out
 
 
@@ -120,8 +122,10 @@ def main(argv=None) -> int:
   if failed:
     print(f"failed runs: {', '.join(failed)}", file=sys.stderr)
     return 1
-  print(f"done: {len(runs)} runs under {args.workdir}; "
-        f"plot: python launch/plot.py --workdirs={args.workdir} --out={args.workdir}/plots")
+  print(
+    f"done: {len(runs)} runs under {args.workdir}; "
+    f"plot: python launch/plot.py --workdirs={args.workdir} --out={args.workdir}/plots"
+  )
   return 0
 
 

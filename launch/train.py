@@ -17,11 +17,10 @@ name the cluster yourself, e.g. two CPU processes on one machine:
   python launch/train.py --config=configs/sciworld.py:cpu --workdir=runs/mh --multihost \
       --coordinator_address=localhost:12345 --num_processes=2 --process_id=0   # and =1
 """
-import os
+
 import sys
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # ScienceWorld starts its JVM with fork+exec; Python warns about fork in a threaded process, which
 # does not apply to an immediate exec.
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
@@ -29,18 +28,25 @@ warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=R
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file (path[:arg])",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "config file (path[:arg])", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "where metrics and checkpoints go")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "disable the progress bar")
-_MULTIHOST = flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first (TPU pod "
-                               "slices: run the same command on every host)")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "with --multihost off TPU: "
-                                   "host:port of process 0")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "with --multihost off TPU: how many "
-                                      "processes")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "with --multihost off TPU: this process's "
-                                   "index")
+_MULTIHOST = flags.DEFINE_bool(
+  "multihost",
+  False,
+  "call jax.distributed.initialize() first (TPU pod slices: run the same command on every host)",
+)
+_COORDINATOR = flags.DEFINE_string(
+  "coordinator_address", None, "with --multihost off TPU: host:port of process 0"
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  "num_processes", None, "with --multihost off TPU: how many processes"
+)
+_PROCESS_ID = flags.DEFINE_integer(
+  "process_id", None, "with --multihost off TPU: this process's index"
+)
 
 
 def _check_overrides(argv_full, config) -> None:
@@ -48,23 +54,26 @@ def _check_overrides(argv_full, config) -> None:
   for arg in argv_full:
     if not arg.startswith("--config.") or "=" not in arg:
       continue
-    path = arg[len("--config."):].split("=", 1)[0].split(".")
+    path = arg[len("--config.") :].split("=", 1)[0].split(".")
     node = config
     for i, part in enumerate(path):
       keys = list(node.keys()) if hasattr(node, "keys") else []
       if part not in keys:
         where = "config" + "".join(f".{p}" for p in path[:i])
-        sys.exit(f"error: unknown config key {arg.split('=')[0]!r}: {where} has no field "
-                 f"{part!r}; valid keys: {', '.join(sorted(keys))}")
+        sys.exit(
+          f"error: unknown config key {arg.split('=')[0]!r}: {where} has no field "
+          f"{part!r}; valid keys: {', '.join(sorted(keys))}"
+        )
       node = node[part]
 
 
 def main(argv):
   del argv
-  if not flags.FLAGS["verbosity"].present:     # keep orbax's INFO lines out of the way
+  if not flags.FLAGS["verbosity"].present:  # keep orbax's INFO lines out of the way
     logging.set_verbosity(logging.WARNING)
   from empo2_jax.train.build import ConfigError
   from empo2_jax.train.trainer import Trainer
+
   config = _CONFIG.value
   logging.info("config:\n%s", config)
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
@@ -72,12 +81,14 @@ def main(argv):
     sys.exit("error: --coordinator_address/--num_processes/--process_id need --multihost")
   if _MULTIHOST.value:
     from empo2_jax.parallel.mesh import initialize_distributed
+
     try:
       initialize_distributed(*explicit)
     except ValueError as e:
       sys.exit(f"error: {e}")
   import jax
-  lead = jax.process_index() == 0        # multi-host: one host prints and shows progress
+
+  lead = jax.process_index() == 0  # multi-host: one host prints and shows progress
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=lead and not _NO_PROGRESS.value)
   except ConfigError as e:
@@ -86,23 +97,37 @@ def main(argv):
   # the step before, with a warning), else a fresh start from the config.
   try:
     step = trainer.resume()
-  except RuntimeError as e:      # checkpoints there, none restorable: say so, start nothing
+  except RuntimeError as e:  # checkpoints there, none restorable: say so, start nothing
     trainer.close()
     sys.exit(f"error: {e}")
   if step is not None and lead:
-    print(f"resumed from {trainer.checkpointer.directory / str(step)} at iteration {step}",
-          flush=True)
+    print(
+      f"resumed from {trainer.checkpointer.directory / str(step)} at iteration {step}", flush=True
+    )
   history = trainer.run()
   if trainer.preempted:
-    print(f"preempted (SIGTERM): checkpoint at iteration {trainer.iteration} in "
-          f"{trainer.checkpointer.directory}; rerun the same command to continue", flush=True)
+    print(
+      f"preempted (SIGTERM): checkpoint at iteration {trainer.iteration} in "
+      f"{trainer.checkpointer.directory}; rerun the same command to continue",
+      flush=True,
+    )
     return
   if history and lead:
     last = history[-1]
-    summary = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in last.items() if k in (
-                           "mode", "return_mean", "success", "memory_size", "loss/pg_loss",
-                           "eval/return_mean", "eval/success"))
+    summary = " ".join(
+      f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+      for k, v in last.items()
+      if k
+      in (
+        "mode",
+        "return_mean",
+        "success",
+        "memory_size",
+        "loss/pg_loss",
+        "eval/return_mean",
+        "eval/success",
+      )
+    )
     print(f"done iterations={len(history)} workdir={_WORKDIR.value} {summary}")
 
 
@@ -110,10 +135,9 @@ def _run():
   # Resolve the config file first (without overrides) to check override keys with a clear message.
   cfg_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), None)
   if cfg_arg:
-    from ml_collections.config_flags import config_flags as cf
-    base = cf._LoadConfigModule("config", cfg_arg.split(":", 1)[0])  # pylint: disable=protected-access
-    arg = cfg_arg.split(":", 1)[1] if ":" in cfg_arg else None
-    cfg = base.get_config(arg) if arg is not None else base.get_config()
+    from empo2_jax.defaults import load_config
+
+    cfg = load_config(cfg_arg)
     _check_overrides(sys.argv[1:], cfg)
   app.run(main)
 

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random Hugging Face Qwen2 checkpoints written with transformers."""
+
 import os
 
 import numpy as np
@@ -8,17 +9,38 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def make_hf_checkpoint(path, *, vocab=512, hidden=64, inter=96, layers=2, heads=4, kv_heads=2,
-                       head_dim=None, tie=False, theta=10000.0, seed=0):
+def make_hf_checkpoint(
+  path,
+  *,
+  vocab=512,
+  hidden=64,
+  inter=96,
+  layers=2,
+  heads=4,
+  kv_heads=2,
+  head_dim=None,
+  tie=False,
+  theta=10000.0,
+  seed=0,
+):
   """Save a random-init transformers Qwen2ForCausalLM (fp32) to `path`; returns the torch model."""
   import torch
   from transformers import Qwen2Config, Qwen2ForCausalLM
+
   torch.manual_seed(seed)
-  cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                    num_hidden_layers=layers, num_attention_heads=heads,
-                    num_key_value_heads=kv_heads, rope_theta=theta, tie_word_embeddings=tie,
-                    max_position_embeddings=4096, rms_norm_eps=1e-6,
-                    head_dim=head_dim or hidden // heads)
+  cfg = Qwen2Config(
+    vocab_size=vocab,
+    hidden_size=hidden,
+    intermediate_size=inter,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    num_key_value_heads=kv_heads,
+    rope_theta=theta,
+    tie_word_embeddings=tie,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    head_dim=head_dim or hidden // heads,
+  )
   model = Qwen2ForCausalLM(cfg).eval()
   with torch.no_grad():  # random biases and norms so those paths are exercised
     for name, p in model.named_parameters():
@@ -42,8 +64,8 @@ def random_batch(rng, batch, length, vocab, left_pad=(), right_pad=()):
     mask[row, :n] = 0
     tokens[row, :n] = 0
   for row, n in right_pad:
-    mask[row, length - n:] = 0
-    tokens[row, length - n:] = 0
+    mask[row, length - n :] = 0
+    tokens[row, length - n :] = 0
   return tokens, mask
 
 
@@ -51,9 +73,12 @@ def hf_logits(model, tokens, mask):
   """transformers logits [B, T, V] (fp32 numpy) with positions counted over real tokens only, as
   our forward counts them (left padding gets position 0)."""
   import torch
+
   pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
   with torch.no_grad():
-    out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                attention_mask=torch.tensor(mask, dtype=torch.long),
-                position_ids=torch.tensor(pos, dtype=torch.long))
+    out = model(
+      input_ids=torch.tensor(tokens, dtype=torch.long),
+      attention_mask=torch.tensor(mask, dtype=torch.long),
+      position_ids=torch.tensor(pos, dtype=torch.long),
+    )
   return out.logits.float().numpy()

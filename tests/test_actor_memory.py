@@ -1,5 +1,6 @@
 """Actor-side memory: key construction within the encoder window (recent lines or the chat),
 retrieval for unseen variations."""
+
 import numpy as np
 import pytest
 
@@ -20,18 +21,26 @@ def encoder():
 
 
 def _material(desc="Your task is to find a(n) animal."):
-  return PromptMaterial(task_description=desc, action_templates=("look around",), inventory="",
-                        focus_items=(), few_shot=())
+  return PromptMaterial(
+    task_description=desc,
+    action_templates=("look around",),
+    inventory="",
+    focus_items=(),
+    few_shot=(),
+  )
 
 
 def test_key_keeps_task_and_current_observation_within_window(encoder):
   store = MemoryStore(dim=encoder.dim)
-  actor = Actor(None, load_tokenizer(), {(TASK, 1): _material()},
-                Memory(encoder, store, MemoryIndex(store)))
+  actor = Actor(
+    None, load_tokenizer(), {(TASK, 1): _material()}, Memory(encoder, store, MemoryIndex(store))
+  )
   ep = Episode(TASK, 1, 0, 0, "on", True)
-  for t in range(60):   # a long episode: far more text than 256 word pieces
-    ep.key_lines += [f"observation: You are in room number {t} with a table and a lamp.",
-                     f"action: go to room {t + 1}"]
+  for t in range(60):  # a long episode: far more text than 256 word pieces
+    ep.key_lines += [
+      f"observation: You are in room number {t} with a table and a lamp.",
+      f"action: go to room {t + 1}",
+    ]
   key = actor._key(ep, "A green frog sits beside the pond.")
   assert key.startswith("task: Your task is to find a(n) animal.")
   assert key.endswith("observation: A green frog sits beside the pond.")
@@ -46,8 +55,11 @@ def test_key_keeps_task_and_current_observation_within_window(encoder):
 def test_unseen_variation_searches_all_slots_of_the_task(encoder):
   store = MemoryStore(dim=encoder.dim)
   index = MemoryIndex(store, RetrievalConfig(threshold=0.5, top_k=3))
-  texts = {(TASK, 1): [("tip a", 10.0), ("tip b", 90.0)], (TASK, 2): [("tip c", 50.0)],
-           ("boil", 1): [("tip other task", 100.0)]}
+  texts = {
+    (TASK, 1): [("tip a", 10.0), ("tip b", 90.0)],
+    (TASK, 2): [("tip c", 50.0)],
+    ("boil", 1): [("tip other task", 100.0)],
+  }
   key = "task: find an animal\nobservation: kitchen with a fridge"
   emb = encoder.encode([key])[0]
   for slot, entries in texts.items():
@@ -55,25 +67,31 @@ def test_unseen_variation_searches_all_slots_of_the_task(encoder):
       store.add(slot, text, score, emb, 0)
   mem = Memory(encoder, store, index)
   own, unseen = mem.retrieve([(TASK, 1), (TASK, 7)], [key, key])
-  assert own == ["tip b", "tip a"]                      # its own slot only, best score first
-  assert unseen == ["tip b", "tip c", "tip a"]          # every find-animal slot, merged by score
+  assert own == ["tip b", "tip a"]  # its own slot only, best score first
+  assert unseen == ["tip b", "tip c", "tip a"]  # every find-animal slot, merged by score
   assert mem.retrieve([("chemistry-mix", 1)], [key]) == [[]]
 
 
 def _chat_actor(encoder, **settings):
   store = MemoryStore(dim=encoder.dim)
-  return Actor(None, load_tokenizer(), {(TASK, 1): _material()},
-               Memory(encoder, store, MemoryIndex(store)),
-               ActorSettings(memory_key_text="chat", **settings))
+  return Actor(
+    None,
+    load_tokenizer(),
+    {(TASK, 1): _material()},
+    Memory(encoder, store, MemoryIndex(store)),
+    ActorSettings(memory_key_text="chat", **settings),
+  )
 
 
 def test_chat_key_is_what_the_encoder_sees_of_the_whole_chat(encoder):
   actor = _chat_actor(encoder)
   ep = Episode(TASK, 1, 0, 0, "on", True)
   ep.messages = [{"role": "system", "content": "SYSTEM PROMPT"}]
-  for t in range(40):   # far more than 256 word pieces
-    ep.messages += [{"role": "user", "content": f"Observation: room {t} has a lamp and a table."},
-                    {"role": "assistant", "content": f"go to room {t + 1}"}]
+  for t in range(40):  # far more than 256 word pieces
+    ep.messages += [
+      {"role": "user", "content": f"Observation: room {t} has a lamp and a table."},
+      {"role": "assistant", "content": f"go to room {t + 1}"},
+    ]
   full = "\n".join(f"{m['role']}: {m['content']}" for m in ep.messages[1:])
   full += "\nuser: " + actor._user_message(ep, "A frog.")
   key = actor._key(ep, "A frog.")
@@ -85,8 +103,9 @@ def test_chat_key_is_what_the_encoder_sees_of_the_whole_chat(encoder):
   assert len(encoder.tokenizer.encode(key).ids) == encoder.cfg.max_seq_length
   # at the end ("final" keys): the whole chat, no pending user message
   ep.messages = ep.messages[:3]
-  assert actor._key(ep, None) == ("user: Observation: room 0 has a lamp and a table.\n"
-                                  "assistant: go to room 1")
+  assert actor._key(ep, None) == (
+    "user: Observation: room 0 has a lamp and a table.\nassistant: go to room 1"
+  )
 
 
 def test_chat_key_first_step_uses_the_tip_free_first_message(encoder):

@@ -1,8 +1,8 @@
 """Checkpointer and trainer-state restore (fast: a fake trainer, no environments or model)."""
+
 import json
 import logging
 import os
-import sys
 import types
 
 import numpy as np
@@ -15,10 +15,9 @@ from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
 from empo2_jax.memory.store import MemoryStore
 from empo2_jax.rl import update as update_lib
 from empo2_jax.train import checkpoint as ckpt_lib
+from configs import sciworld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import sciworld  # noqa: E402
 
 
 class FakeTrainer:
@@ -26,8 +25,10 @@ class FakeTrainer:
 
   def __init__(self, workdir, seed):
     rng = np.random.default_rng(seed)
-    params = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
-              "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+    params = {
+      "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+      "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+    }
     opt = update_lib.make_optimizer(update_lib.UpdateConfig())
     self.state = update_lib.init_train_state(params, opt)
     self.state = self.state._replace(step=jnp.asarray(seed, jnp.int32))
@@ -35,7 +36,7 @@ class FakeTrainer:
     self.iteration, self.row_cursor = 0, 0
     self.workdir, self.config = str(workdir), sciworld.get_config("tiny")
     store = MemoryStore(dim=8, max_per_slot=3)
-    for i in range(seed):     # seed 0: an empty memory
+    for i in range(seed):  # seed 0: an empty memory
       store.add(("find-animal", i % 2), f"tip {i} é", float(i), rng.normal(size=8), i)
     self.memory = types.SimpleNamespace(store=store, index=MemoryIndex(store, RetrievalConfig()))
 
@@ -71,9 +72,9 @@ def _save_steps(tmp_path, seeds):
 
 def test_restore_latest_state_memory_and_metrics(tmp_path):
   saved = _save_steps(tmp_path, seeds=[0, 5, 7])
-  _write_metrics(tmp_path, 6)             # the killed run got further than its checkpoint
+  _write_metrics(tmp_path, 6)  # the killed run got further than its checkpoint
   with open(os.path.join(tmp_path, "metrics.jsonl"), "a") as f:
-    f.write('{"iteration": 7, "retu')      # and died mid-line
+    f.write('{"iteration": 7, "retu')  # and died mid-line
   t = FakeTrainer(tmp_path, seed=1)
   ckpt = ckpt_lib.Checkpointer(tmp_path / "checkpoints", keep=5)
   assert ckpt_lib.restore_trainer(ckpt, t) == 3
@@ -82,11 +83,14 @@ def test_restore_latest_state_memory_and_metrics(tmp_path):
   _equal(t.rng, want.rng)
   assert type(t.state) is type(want.state)
   assert (t.iteration, t.row_cursor) == (3, 30)
-  assert ckpt_lib.memory_to_blob(t.memory.store).tobytes() == \
-      ckpt_lib.memory_to_blob(want.memory.store).tobytes()
+  assert (
+    ckpt_lib.memory_to_blob(t.memory.store).tobytes()
+    == ckpt_lib.memory_to_blob(want.memory.store).tobytes()
+  )
   assert len(t.memory.store) == 6 and t.memory.index.store is t.memory.store
-  hits = t.memory.index.search(("find-animal", 0), want.memory.store.slot(
-      ("find-animal", 0)).embeddings[0])
+  hits = t.memory.index.search(
+    ("find-animal", 0), want.memory.store.slot(("find-animal", 0)).embeddings[0]
+  )
   assert hits and hits[0].cosine > 0.99
   assert [r["iteration"] for r in ckpt_lib.read_records(tmp_path)] == [1, 2, 3]
   ckpt.close()
@@ -107,11 +111,11 @@ def test_keeps_last_n(tmp_path):
 def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, damage):
   saved = _save_steps(tmp_path, seeds=[3, 4])
   step_dir = tmp_path / "checkpoints" / "2"
-  if damage == "truncate":       # every data file of the step cut to half
+  if damage == "truncate":  # every data file of the step cut to half
     files = [p for p in step_dir.rglob("*") if p.is_file() and "/d/" in str(p)]
     assert files
     for p in files:
-      p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2])
+      p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])
   else:
     os.remove(step_dir / "meta" / "metadata")
   t = FakeTrainer(tmp_path, seed=0)
@@ -123,7 +127,7 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, damage):
   assert len(t.memory.store) == 3
   moved = [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("corrupt-2-")]
   assert moved and ckpt.steps() == [1]
-  t.iteration = 2                  # the resumed run can write step 2 again
+  t.iteration = 2  # the resumed run can write step 2 again
   ckpt_lib.save_trainer(ckpt, t, wait=True)
   assert ckpt.steps() == [1, 2]
   ckpt.close()

@@ -4,6 +4,7 @@ with the same command each time, equals an uninterrupted run: metrics, memory, p
 Four launch/train.py processes (one uninterrupted, three for the interrupted run), tiny config with
 one row per iteration; a shared persistent compilation cache keeps the later starts short.
 """
+
 import json
 import os
 import signal
@@ -19,21 +20,32 @@ ITERATIONS = 4
 
 
 def _command(workdir):
-  return [sys.executable, os.path.join(ROOT, "launch", "train.py"),
-          "--config=" + os.path.join(ROOT, "configs", "sciworld.py") + ":tiny",
-          f"--workdir={workdir}", f"--config.train.iterations={ITERATIONS}",
-          "--config.rollout.rows_per_iter=1", "--config.train.checkpoint_every=2",
-          "--config.train.keep_checkpoints=5", "--config.train.save_episodes=True",
-          "--no_progress"]
+  return [
+    sys.executable,
+    os.path.join(ROOT, "launch", "train.py"),
+    "--config=" + os.path.join(ROOT, "configs", "sciworld.py") + ":tiny",
+    f"--workdir={workdir}",
+    f"--config.train.iterations={ITERATIONS}",
+    "--config.rollout.rows_per_iter=1",
+    "--config.train.checkpoint_every=2",
+    "--config.train.keep_checkpoints=5",
+    "--config.train.save_episodes=True",
+    "--no_progress",
+  ]
 
 
 def _start(workdir, cache, log):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    JAX_COMPILATION_CACHE_DIR=str(cache),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+  )
   f = open(log, "a")
-  return subprocess.Popen(_command(workdir), stdout=f, stderr=subprocess.STDOUT, env=env,
-                          cwd=ROOT), f
+  return subprocess.Popen(
+    _command(workdir), stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+  ), f
 
 
 def _wait_for(pred, proc, what, timeout=900):
@@ -48,22 +60,30 @@ def _wait_for(pred, proc, what, timeout=900):
 
 
 def _lines(path):
-  return [l for l in open(path).read().splitlines() if l.strip()] if os.path.exists(path) else []
+  return [ln for ln in open(path).read().splitlines() if ln.strip()] if os.path.exists(path) else []
 
 
 def _records(workdir):
-  return {r["iteration"]: r for r in map(json.loads, _lines(os.path.join(workdir, "metrics.jsonl")))}
+  return {
+    r["iteration"]: r for r in map(json.loads, _lines(os.path.join(workdir, "metrics.jsonl")))
+  }
 
 
 def _final(workdir):
   from empo2_jax.train import checkpoint as ckpt_lib
   import orbax.checkpoint as ocp
+
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
   try:
     step = max(ckpt.steps())
-    out = ckpt.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(), memory=ocp.args.StandardRestore(),
-        meta=ocp.args.JsonRestore()))
+    out = ckpt.manager.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(),
+        memory=ocp.args.StandardRestore(),
+        meta=ocp.args.JsonRestore(),
+      ),
+    )
   finally:
     ckpt.close()
   return step, out["state"], ckpt_lib.memory_from_blob(out["memory"]["npz"]), out["meta"]
@@ -71,6 +91,7 @@ def _final(workdir):
 
 def _episodes(workdir):
   from empo2_jax.data import trajectories as traj
+
   source = traj.load(os.path.join(workdir, "episodes", "tfds", "empo2_episodes", "1.0.0"))
   return {r["episode_id"]: r for r in (traj.decode(source[i]) for i in range(len(source)))}
 
@@ -78,14 +99,21 @@ def _episodes(workdir):
 @pytest.mark.slow
 def test_killed_and_preempted_run_equals_uninterrupted(tmp_path):
   import jax
+
   cache, a_dir, b_dir = tmp_path / "jax_cache", tmp_path / "a", tmp_path / "b"
   b_log = tmp_path / "b.log"
-  proc_a, fa = _start(a_dir, cache, tmp_path / "a.log")            # uninterrupted, alongside
+  proc_a, fa = _start(a_dir, cache, tmp_path / "a.log")  # uninterrupted, alongside
 
   # 1) SIGKILL during iteration 3 (after the step-2 checkpoint is complete)
   proc, f = _start(b_dir, cache, b_log)
-  _wait_for(lambda: (b_dir / "checkpoints" / "2" / "commit_success.txt").exists()
-            and len(_lines(b_dir / "metrics.jsonl")) == 2, proc, "iteration 2's checkpoint")
+  _wait_for(
+    lambda: (
+      (b_dir / "checkpoints" / "2" / "commit_success.txt").exists()
+      and len(_lines(b_dir / "metrics.jsonl")) == 2
+    ),
+    proc,
+    "iteration 2's checkpoint",
+  )
   time.sleep(1.0)
   assert proc.poll() is None
   proc.send_signal(signal.SIGKILL)
@@ -101,7 +129,7 @@ def test_killed_and_preempted_run_equals_uninterrupted(tmp_path):
   assert proc.wait(timeout=900) == 0
   f.close()
   assert "preempted (SIGTERM): checkpoint at iteration 3" in open(b_log).read()
-  assert (b_dir / "checkpoints" / "3").exists()        # not a multiple of checkpoint_every
+  assert (b_dir / "checkpoints" / "3").exists()  # not a multiple of checkpoint_every
   assert sorted(_records(b_dir)) == [1, 2, 3]
 
   # 3) and again: resumes from step 3, runs iteration 4
@@ -134,8 +162,9 @@ def test_killed_and_preempted_run_equals_uninterrupted(tmp_path):
   la, lb = jax.tree_util.tree_flatten_with_path(state_a)[0], jax.tree.leaves(state_b)
   assert len(la) == len(lb)
   for (path, x), y in zip(la, lb):
-    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-6,
-                               err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(
+      np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-6, err_msg=jax.tree_util.keystr(path)
+    )
   da, db = mem_a.state_dict(), mem_b.state_dict()
   assert len(mem_a) == len(mem_b) > 0
   for k in ("meta_json", "text_bytes", "text_offsets", "iterations"):

@@ -1,77 +1,84 @@
 """MiniLM encoder: parity with transformers BertModel (torch, CPU) + mean pooling + L2 norm."""
+
 import numpy as np
 import pytest
 
 from empo2_jax.model import encoder as enc_mod
 
 SENTENCES = [
-    "open door to kitchen",
-    "You are in the greenhouse. In it, you see: a flower pot 1, a seed jar, a shovel, and a sink.",
-    "Your task is to boil water. First, focus on the substance. Then, take actions that will cause it "
-    "to change its state of matter.",
-    "focus on red wax",
-    "a",
-    "",
-    "Score: 42/100 — the thermometer reads 23°C; ¿qué? 日本語 émigré naïve café",
-    "move metal pot to stove; activate stove; wait1; look at metal pot; use thermometer in inventory on "
-    "substance in metal pot",
-    # longer than 256 word pieces: truncation must match
-    " ".join(f"look around room {i} and pick up the orange and the apple and the banana" for i in range(40)),
-    "pour cup containing red paint in cup containing blue paint, then mix cup",
-    "user: You are in the hallway. assistant: go to art studio\nuser: You move to the art studio.",
+  "open door to kitchen",
+  "You are in the greenhouse. In it, you see: a flower pot 1, a seed jar, a shovel, and a sink.",
+  "Your task is to boil water. First, focus on the substance. Then, take actions that will "
+  "cause it to change its state of matter.",
+  "focus on red wax",
+  "a",
+  "",
+  "Score: 42/100 — the thermometer reads 23°C; ¿qué? 日本語 émigré naïve café",
+  "move metal pot to stove; activate stove; wait1; look at metal pot; use thermometer in "
+  "inventory on substance in metal pot",
+  # longer than 256 word pieces: truncation must match
+  " ".join(
+    f"look around room {i} and pick up the orange and the apple and the banana" for i in range(40)
+  ),
+  "pour cup containing red paint in cup containing blue paint, then mix cup",
+  "user: You are in the hallway. assistant: go to art studio\nuser: You move to the art studio.",
 ]
 
 
 @pytest.fixture(scope="module")
 def encoder():
-    return enc_mod.Encoder.load(max_batch=8)
+  return enc_mod.Encoder.load(max_batch=8)
 
 
 def _reference(sentences, model_dir, max_len):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    model = transformers.BertModel.from_pretrained(str(model_dir)).eval()
-    batch = tok(sentences, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-    with torch.no_grad():
-        h = model(**batch).last_hidden_state
-    m = batch["attention_mask"][..., None].float()
-    pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
-    out = torch.nn.functional.normalize(pooled, p=2, dim=1)
-    return out.numpy(), batch["input_ids"].numpy(), batch["attention_mask"].numpy()
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+  model = transformers.BertModel.from_pretrained(str(model_dir)).eval()
+  batch = tok(sentences, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+  with torch.no_grad():
+    h = model(**batch).last_hidden_state
+  m = batch["attention_mask"][..., None].float()
+  pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+  out = torch.nn.functional.normalize(pooled, p=2, dim=1)
+  return out.numpy(), batch["input_ids"].numpy(), batch["attention_mask"].numpy()
 
 
 def test_parity_with_transformers_bert(encoder):
-    ref, ref_ids, ref_mask = _reference(SENTENCES, enc_mod.default_model_dir(), encoder.cfg.max_seq_length)
-    ours = encoder.encode(SENTENCES)
-    assert ours.shape == (len(SENTENCES), 384) and ours.dtype == np.float32
-    # same word pieces, truncated at 256
-    ids = encoder.tokenize(SENTENCES)
-    for i, row in enumerate(ids):
-        assert row == ref_ids[i][ref_mask[i] > 0].tolist()
-    assert max(len(r) for r in ids) == 256
-    cos = (ours * ref).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(ref, axis=-1)
-    assert cos.min() >= 0.9999, cos
-    np.testing.assert_allclose(np.linalg.norm(ours, axis=-1), 1.0, atol=1e-5)
+  ref, ref_ids, ref_mask = _reference(
+    SENTENCES, enc_mod.default_model_dir(), encoder.cfg.max_seq_length
+  )
+  ours = encoder.encode(SENTENCES)
+  assert ours.shape == (len(SENTENCES), 384) and ours.dtype == np.float32
+  # same word pieces, truncated at 256
+  ids = encoder.tokenize(SENTENCES)
+  for i, row in enumerate(ids):
+    assert row == ref_ids[i][ref_mask[i] > 0].tolist()
+  assert max(len(r) for r in ids) == 256
+  cos = (ours * ref).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(ref, axis=-1)
+  assert cos.min() >= 0.9999, cos
+  np.testing.assert_allclose(np.linalg.norm(ours, axis=-1), 1.0, atol=1e-5)
 
 
 def test_batching_and_order_do_not_change_embeddings(encoder):
-    full = encoder.encode(SENTENCES)
-    singles = np.concatenate([encoder.encode([s]) for s in SENTENCES[:4]])
-    np.testing.assert_allclose(singles, full[:4], atol=2e-5)
-    rev = encoder.encode(SENTENCES[::-1])
-    np.testing.assert_allclose(rev[::-1], full, atol=2e-5)
-    assert encoder.encode([]).shape == (0, 384)
+  full = encoder.encode(SENTENCES)
+  singles = np.concatenate([encoder.encode([s]) for s in SENTENCES[:4]])
+  np.testing.assert_allclose(singles, full[:4], atol=2e-5)
+  rev = encoder.encode(SENTENCES[::-1])
+  np.testing.assert_allclose(rev[::-1], full, atol=2e-5)
+  assert encoder.encode([]).shape == (0, 384)
 
 
 def test_semantics_similar_texts_closer(encoder):
-    e = encoder.encode(["open the door to the kitchen", "open door to kitchen", "the melting point of lead"])
-    assert e[0] @ e[1] > 0.8 > e[0] @ e[2]
+  e = encoder.encode(
+    ["open the door to the kitchen", "open door to kitchen", "the melting point of lead"]
+  )
+  assert e[0] @ e[1] > 0.8 > e[0] @ e[2]
 
 
 def test_missing_directory_says_what_to_pass(tmp_path):
-    with pytest.raises(FileNotFoundError, match="Encoder.load\\(path="):
-        enc_mod.Encoder.load(tmp_path / "nope")
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
-        enc_mod.Encoder.load(tmp_path)
+  with pytest.raises(FileNotFoundError, match="Encoder.load\\(path="):
+    enc_mod.Encoder.load(tmp_path / "nope")
+  (tmp_path / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    enc_mod.Encoder.load(tmp_path)

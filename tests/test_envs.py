@@ -1,4 +1,5 @@
 """ScienceWorld wrapper: setup, gold replay against the library, action correction, few-shot."""
+
 import dataclasses
 
 import pytest
@@ -6,16 +7,30 @@ import pytest
 from empo2_jax.envs import actions
 from empo2_jax.envs.base import TextEnv
 from empo2_jax.envs.fewshot import gold_trajectories, prompt_material, replay_gold
-from empo2_jax.envs.scienceworld import (ALL_TASKS, DEFAULT_JAVA_OPTIONS, PAPER_TASKS,
-                                         SciWorldConfig, SciWorldEnv)
+from empo2_jax.envs.scienceworld import (
+  ALL_TASKS,
+  DEFAULT_JAVA_OPTIONS,
+  PAPER_TASKS,
+  SciWorldConfig,
+  SciWorldEnv,
+)
 
 # (task, variation) pairs replayed against the library: 6 of the paper's tasks, 2 variations each.
 # The electrical tasks are left out of the step-by-step comparison: the simulator itself is not
 # deterministic there (two library runs of power-component variation 1 score 83 or 100 on the
 # step that closes the circuit), so no wrapper could match it step for step.
-GOLD_CASES = [(t, v) for t in ("find-plant", "find-animal", "chemistry-mix", "use-thermometer",
-                               "lifespan-longest-lived", "find-non-living-thing")
-              for v in (0, 1)]
+GOLD_CASES = [
+  (t, v)
+  for t in (
+    "find-plant",
+    "find-animal",
+    "chemistry-mix",
+    "use-thermometer",
+    "lifespan-longest-lived",
+    "find-non-living-thing",
+  )
+  for v in (0, 1)
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +43,7 @@ def env():
 @pytest.fixture(scope="module")
 def lib_env():
   from scienceworld import ScienceWorldEnv
+
   e = ScienceWorldEnv("", envStepLimit=100)
   yield e
   e.close()
@@ -85,8 +101,11 @@ def test_gold_replay_matches_library(env, lib_env, task, variation):
     obs, reward, done, step_info = env.step(action)
     lib_obs, lib_reward, lib_done, lib_info = lib_env.step(action)
     assert step_info.valid and step_info.executed_action == action
-    assert (step_info.score, step_info.moves, done) == (lib_info["score"], lib_info["moves"],
-                                                        lib_done)
+    assert (step_info.score, step_info.moves, done) == (
+      lib_info["score"],
+      lib_info["moves"],
+      lib_done,
+    )
     # the library's first reward starts from the post-reset score, ours from 0
     assert reward == step_info.score - prev_score
     assert reward == lib_reward or step_info.steps == 1
@@ -124,23 +143,35 @@ def test_agent_step_limit_truncates():
 
 
 # ------------------------------------------------------------------ action correction
-VALID = ["open door to kitchen", "close door to kitchen", "open door to hallway", "go to kitchen",
-         "pick up thermometer", "focus on red box", "look around", "inventory", "wait",
-         "move flower pot 6 to red box"]
+VALID = [
+  "open door to kitchen",
+  "close door to kitchen",
+  "open door to hallway",
+  "go to kitchen",
+  "pick up thermometer",
+  "focus on red box",
+  "look around",
+  "inventory",
+  "wait",
+  "move flower pot 6 to red box",
+]
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("open door to kitchen", "open door to kitchen"),                # exact
-    ("opn door to kitchn", "open door to kitchen"),                  # typos: char tie-break
-    ("pick up the thermometr", "pick up thermometer"),               # typo + article
-    ("I want to go to the kitchen now!", "go to kitchen"),           # extra words, punctuation
+@pytest.mark.parametrize(
+  "text,expected",
+  [
+    ("open door to kitchen", "open door to kitchen"),  # exact
+    ("opn door to kitchn", "open door to kitchen"),  # typos: char tie-break
+    ("pick up the thermometr", "pick up thermometer"),  # typo + article
+    ("I want to go to the kitchen now!", "go to kitchen"),  # extra words, punctuation
     ("Please OPEN the door to the hallway.", "open door to hallway"),  # case, extra words
-    ("move pot 6 to box", "move flower pot 6 to red box"),          # missing words
-    ("", "look around"),                                            # empty -> fallback
+    ("move pot 6 to box", "move flower pot 6 to red box"),  # missing words
+    ("", "look around"),  # empty -> fallback
     ("   ", "look around"),
-    ("ouvrir la porte de la cuisine", "look around"),               # other language, no overlap
+    ("ouvrir la porte de la cuisine", "look around"),  # other language, no overlap
     ("把温度计捡起来", "look around"),
-])
+  ],
+)
 def test_correct_action_hand_cases(text, expected):
   assert actions.correct_action(text, VALID) == expected
 
@@ -156,13 +187,17 @@ def test_correct_action_ties_are_order_independent():
 
 
 def test_ambiguity_prompt_parsing():
-  prompt = ("Ambiguous request: Please enter the number for the action you intended (or blank "
-            "to cancel):\n0:\tpick up ceramic cup (in cupboard, in kitchen)\n"
-            "1:\tpick up tin cup (in cupboard, in kitchen)\n2:\tpick up glass cup (in table)")
+  prompt = (
+    "Ambiguous request: Please enter the number for the action you intended (or blank "
+    "to cancel):\n0:\tpick up ceramic cup (in cupboard, in kitchen)\n"
+    "1:\tpick up tin cup (in cupboard, in kitchen)\n2:\tpick up glass cup (in table)"
+  )
   options = actions.parse_ambiguity_options(prompt)
-  assert options == {"0": "pick up ceramic cup (in cupboard, in kitchen)",
-                     "1": "pick up tin cup (in cupboard, in kitchen)",
-                     "2": "pick up glass cup (in table)"}
+  assert options == {
+    "0": "pick up ceramic cup (in cupboard, in kitchen)",
+    "1": "pick up tin cup (in cupboard, in kitchen)",
+    "2": "pick up glass cup (in table)",
+  }
   assert actions.parse_ambiguity_options("You move to the kitchen.") is None
 
 
@@ -183,6 +218,7 @@ def test_ambiguous_request_answered_with_option_0_in_the_same_step(env, monkeypa
   looks at the first listed cup. Our env does both in one step, with the library's outcome.
   (The library's JVM gets our JVM options: the option order follows Java identity hashes.)"""
   from scienceworld import ScienceWorldEnv
+
   monkeypatch.setenv("JAVA_TOOL_OPTIONS", DEFAULT_JAVA_OPTIONS)
   lib_env = ScienceWorldEnv("", envStepLimit=100)
   try:
@@ -219,7 +255,7 @@ def test_always_correction_maps_every_text_to_a_valid_action():
   try:
     e.reset("chemistry-mix", 1)
     valid_now = e.valid_actions()
-    _, _, _, info = e.step("open cupboard")           # already valid: sent as written
+    _, _, _, info = e.step("open cupboard")  # already valid: sent as written
     assert info.valid and info.executed_action == "open cupboard"
     valid_now = e.valid_actions()
     text = "close the cupboard now"

@@ -1,4 +1,5 @@
 """EnvPool: gold replay through worker processes, crash and hang recovery, no orphan JVMs."""
+
 import os
 import signal
 
@@ -7,8 +8,13 @@ import pytest
 from empo2_jax.envs.pool import EnvPool, PoolConfig
 from empo2_jax.envs.scienceworld import SciWorldEnv
 
-EPISODES = [("find-plant", 0), ("chemistry-mix", 1), ("find-animal", 2), ("use-thermometer", 3),
-            ("lifespan-longest-lived", 0)]
+EPISODES = [
+  ("find-plant", 0),
+  ("chemistry-mix", 1),
+  ("find-animal", 2),
+  ("use-thermometer", 3),
+  ("lifespan-longest-lived", 0),
+]
 
 
 def alive(pid):
@@ -53,7 +59,7 @@ def reference():
       scores.append(result.info.score)
       if result.done:
         break
-    out.append((gold[:len(scores)], scores))
+    out.append((gold[: len(scores)], scores))
   env.close()
   return out
 
@@ -66,8 +72,10 @@ def run_gold(pool, reference, kill_at=None, kill_signal=signal.SIGKILL):
   for i in range(max(len(g) for g, _ in reference)):
     if i == kill_at:
       os.kill(pool.java_pids()[0], kill_signal)
-    acts = [g[i] if i < len(g) and not (r and r[-1].done) else None
-            for (g, _), r in zip(reference, results)]
+    acts = [
+      g[i] if i < len(g) and not (r and r[-1].done) else None
+      for (g, _), r in zip(reference, results)
+    ]
     for k, res in enumerate(pool.step(acts)):
       if res is not None:
         results[k].append(res)

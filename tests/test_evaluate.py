@@ -8,8 +8,10 @@ from empo2_jax.train import evaluate
 
 
 def test_summary_and_tables():
-  rows = [evaluate.summarize("find-animal", "no memory", [100, 50, -100, 8], [1, 0, 0, 0]),
-          evaluate.summarize("power-component", "no memory", [90, 100], [1, 1])]
+  rows = [
+    evaluate.summarize("find-animal", "no memory", [100, 50, -100, 8], [1, 0, 0, 0]),
+    evaluate.summarize("power-component", "no memory", [90, 100], [1, 1]),
+  ]
   assert rows[0]["return_mean"] == pytest.approx(14.5)
   assert rows[0]["return_std"] == pytest.approx(np.std([100, 50, -100, 8]))
   assert rows[0]["success"] == 0.25

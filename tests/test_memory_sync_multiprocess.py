@@ -4,6 +4,7 @@ Runs tests/memory_sync_worker.py twice (process 0 and 1, 4 CPU devices each) in 
 device count and the distributed start must happen before jax is used, and the main pytest
 process has one device.
 """
+
 import json
 import os
 import socket
@@ -27,9 +28,16 @@ def test_two_processes_end_with_identical_union_memory(tmp_path):
   env.pop("XLA_FLAGS", None)
   addr = f"localhost:{_free_port()}"
   outs = [tmp_path / f"p{pid}.json" for pid in (0, 1)]
-  procs = [subprocess.Popen([sys.executable, WORKER, str(outs[pid]), addr, "2", str(pid)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for pid in (0, 1)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, WORKER, str(outs[pid]), addr, "2", str(pid)],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for pid in (0, 1)
+  ]
   try:
     logs = [p.communicate(timeout=300)[0] for p in procs]
   finally:
@@ -44,9 +52,14 @@ def test_two_processes_end_with_identical_union_memory(tmp_path):
   # Both hosts see the same gathered batches, in process order (0 then 1).
   assert a["gathered"] == b["gathered"]
   assert a["gathered"][0]["texts"] == [
-      "p0 tip: heat the pot ✓", "p0 tip: use the stove", "shared tip",
-      "p1 tip: find the ice", "shared tip", "p1 tip: water it — ünïcode"]
-  assert a["gathered"][1]["texts"] == ["p0 tip: second call"]   # process 1 wrote nothing
+    "p0 tip: heat the pot ✓",
+    "p0 tip: use the stove",
+    "shared tip",
+    "p1 tip: find the ice",
+    "shared tip",
+    "p1 tip: water it — ünïcode",
+  ]
+  assert a["gathered"][1]["texts"] == ["p0 tip: second call"]  # process 1 wrote nothing
 
   # The raw byte gather: payloads of different lengths (one empty), in process order
   assert a["bytes"] == b["bytes"] == ["", "p1 bytes \u2713"]

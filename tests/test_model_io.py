@@ -1,4 +1,5 @@
 """Checkpoint round trips and clear errors of empo2_jax.model.hf."""
+
 import json
 import os
 
@@ -21,6 +22,7 @@ def test_round_trip_identical_and_loadable(tmp_path, tie):
   config, params = hf.load_checkpoint(src)
   hf.save_checkpoint(dst, config, params)
   from transformers import Qwen2ForCausalLM
+
   back = Qwen2ForCausalLM.from_pretrained(dst, torch_dtype=torch.float32)
   a, b = _hf_state(model), _hf_state(back)
   assert set(a) == set(b)
@@ -31,6 +33,7 @@ def test_round_trip_identical_and_loadable(tmp_path, tie):
 def test_sharded_save_and_load(tmp_path):
   config = configs.get_preset("tiny").replace(vocab_size=1000, tie_word_embeddings=False)
   import jax
+
   params = qwen2.init_params(config, jax.random.PRNGKey(0))
   hf.save_checkpoint(str(tmp_path), config, params, max_shard_bytes=100_000)
   assert os.path.exists(tmp_path / "model.safetensors.index.json")
@@ -43,6 +46,7 @@ def test_sharded_save_and_load(tmp_path):
 
 def test_bf16_load_casts(hf_tiny):
   import ml_dtypes
+
   config, params = hf.load_checkpoint(hf_tiny[0], dtype="bfloat16")
   assert params["layers"]["wq"].dtype == ml_dtypes.bfloat16
   assert config.param_dtype == "bfloat16"
@@ -51,8 +55,9 @@ def test_bf16_load_casts(hf_tiny):
 def test_errors_are_clear(tmp_path, hf_tiny):
   with pytest.raises(hf.CheckpointError, match="no config.json"):
     hf.load_checkpoint(str(tmp_path))
-  (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral",
-                                                    "architectures": ["MistralForCausalLM"]}))
+  (tmp_path / "config.json").write_text(
+    json.dumps({"model_type": "mistral", "architectures": ["MistralForCausalLM"]})
+  )
   with pytest.raises(ValueError, match="unsupported checkpoint: model_type='mistral'"):
     hf.load_checkpoint(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -77,8 +82,15 @@ def test_errors_are_clear(tmp_path, hf_tiny):
 
 def test_presets_have_published_sizes():
   # parameter counts of the Qwen2.5 model cards (billions, 2 significant digits)
-  expected = {"0.5b": 0.49, "1.5b": 1.54, "3b": 3.09, "7b": 7.61, "14b": 14.7, "32b": 32.5,
-              "72b": 72.7}
+  expected = {
+    "0.5b": 0.49,
+    "1.5b": 1.54,
+    "3b": 3.09,
+    "7b": 7.61,
+    "14b": 14.7,
+    "32b": 32.5,
+    "72b": 72.7,
+  }
   for name, billions in expected.items():
     n = configs.get_preset(name).num_params() / 1e9
     assert abs(n - billions) / billions < 0.02, (name, n)
@@ -87,13 +99,23 @@ def test_presets_have_published_sizes():
 
 
 def test_logit_checker_cli(hf_tiny):
-  import subprocess, sys
-  out = subprocess.run([sys.executable, "-m", "empo2_jax.model.check", "--hf_dir", hf_tiny[0]],
-                       capture_output=True, text=True, timeout=300)
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+    [sys.executable, "-m", "empo2_jax.model.check", "--hf_dir", hf_tiny[0]],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   last = out.stdout.strip().splitlines()[-1]
   assert last.startswith("max_abs_diff=") and " kl=" in last
   assert float(last.split()[0].split("=")[1]) < 1e-4
-  bad = subprocess.run([sys.executable, "-m", "empo2_jax.model.check", "--hf_dir", hf_tiny[0],
-                        "--max_abs_diff", "0"], capture_output=True, text=True, timeout=300)
+  bad = subprocess.run(
+    [sys.executable, "-m", "empo2_jax.model.check", "--hf_dir", hf_tiny[0], "--max_abs_diff", "0"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert bad.returncode == 1

@@ -1,5 +1,6 @@
 """Llama-family checkpoints: random transformers LlamaForCausalLM models load and match, round trip,
 config errors name the field, SmolLM2 presets, sharding rules without attention biases."""
+
 import json
 import os
 
@@ -12,26 +13,54 @@ import jax
 from empo2_jax.model import configs, hf, qwen2
 from tests.conftest import hf_logits, random_batch
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+LLAMA3_ROPE = {
+  "rope_type": "llama3",
+  "factor": 8.0,
+  "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0,
+  "original_max_position_embeddings": 16,
+}
 CASES = {
-    "mha_untied": dict(heads=4, kv_heads=4, tie=False),
-    "gqa_tied": dict(heads=6, kv_heads=2, tie=True),
-    "gqa_llama3_rope": dict(heads=4, kv_heads=2, tie=False, theta=500000.0, rope=LLAMA3_ROPE),
-    "mqa_headdim": dict(heads=4, kv_heads=1, head_dim=32, tie=True),
+  "mha_untied": dict(heads=4, kv_heads=4, tie=False),
+  "gqa_tied": dict(heads=6, kv_heads=2, tie=True),
+  "gqa_llama3_rope": dict(heads=4, kv_heads=2, tie=False, theta=500000.0, rope=LLAMA3_ROPE),
+  "mqa_headdim": dict(heads=4, kv_heads=1, head_dim=32, tie=True),
 }
 
 
-def make_llama_checkpoint(path, *, vocab=384, hidden=48, inter=80, layers=2, heads=4, kv_heads=2,
-                          head_dim=None, tie=False, theta=10000.0, rope=None, seed=0):
+def make_llama_checkpoint(
+  path,
+  *,
+  vocab=384,
+  hidden=48,
+  inter=80,
+  layers=2,
+  heads=4,
+  kv_heads=2,
+  head_dim=None,
+  tie=False,
+  theta=10000.0,
+  rope=None,
+  seed=0,
+):
   """Save a random-init transformers LlamaForCausalLM (fp32, random norms) to `path`."""
   from transformers import LlamaConfig, LlamaForCausalLM
+
   torch.manual_seed(seed)
-  cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                    num_hidden_layers=layers, num_attention_heads=heads,
-                    num_key_value_heads=kv_heads, head_dim=head_dim or hidden // heads,
-                    rope_theta=theta, rope_scaling=rope, tie_word_embeddings=tie,
-                    max_position_embeddings=4096, rms_norm_eps=1e-5)
+  cfg = LlamaConfig(
+    vocab_size=vocab,
+    hidden_size=hidden,
+    intermediate_size=inter,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    num_key_value_heads=kv_heads,
+    head_dim=head_dim or hidden // heads,
+    rope_theta=theta,
+    rope_scaling=rope,
+    tie_word_embeddings=tie,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+  )
   model = LlamaForCausalLM(cfg).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -60,7 +89,7 @@ def test_llama3_rope_changes_frequencies():
   base = configs.get_preset("smollm2-135m")
   scaled = base.replace(rope_scaling=configs.RopeScaling(8.0, 1.0, 4.0, 64))
   a, b = np.asarray(qwen2.rope_inv_freq(base)), np.asarray(qwen2.rope_inv_freq(scaled))
-  assert a[0] == b[0]                                  # high frequencies kept
+  assert a[0] == b[0]  # high frequencies kept
   np.testing.assert_allclose(b[-1], a[-1] / 8.0, rtol=1e-6)  # low frequencies divided by factor
 
 
@@ -73,6 +102,7 @@ def test_llama_round_trip_loads_in_transformers(tmp_path, tie):
   saved = json.load(open(os.path.join(dst, "config.json")))
   assert saved["architectures"] == ["LlamaForCausalLM"] and saved["model_type"] == "llama"
   from transformers import AutoModelForCausalLM
+
   back = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32)
   assert type(back).__name__ == "LlamaForCausalLM"
   a, b = model.state_dict(), back.state_dict()
@@ -86,31 +116,45 @@ def test_llama_round_trip_loads_in_transformers(tmp_path, tie):
 
 
 def _llama_dict(**kw):
-  d = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
-       "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
-       "num_attention_heads": 4, "num_key_value_heads": 2}
+  d = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+  }
   d.update(kw)
   return d
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("mlp_bias", True, "mlp_bias"),
     ("attention_bias", True, "attention_bias"),
     ("hidden_act", "gelu", "hidden_act"),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope scaling type 'yarn'"),
     ("rope_scaling", {"type": "linear", "factor": 2.0}, "rope scaling type 'linear'"),
-    ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
-     "rope scaling type 'dynamic'"),
+    (
+      "rope_parameters",
+      {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+      "rope scaling type 'dynamic'",
+    ),
     ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "lacks"),
-])
+  ],
+)
 def test_unsupported_llama_fields_are_named(field, value, match):
   with pytest.raises(ValueError, match=match):
     configs.Qwen2Config.from_hf_dict(_llama_dict(**{field: value}))
 
 
 def test_hf_dict_reads_both_rope_spellings_and_qwen2_keeps_biases():
-  new = configs.Qwen2Config.from_hf_dict(_llama_dict(rope_parameters={**LLAMA3_ROPE,
-                                                                      "rope_theta": 5e5}))
+  new = configs.Qwen2Config.from_hf_dict(
+    _llama_dict(rope_parameters={**LLAMA3_ROPE, "rope_theta": 5e5})
+  )
   old = configs.Qwen2Config.from_hf_dict(_llama_dict(rope_scaling=LLAMA3_ROPE, rope_theta=5e5))
   assert new == old and new.rope_theta == 5e5 and new.rope_scaling.factor == 8.0
   assert configs.Qwen2Config.from_hf_dict(new.to_hf_dict()) == new
@@ -122,8 +166,11 @@ def test_hf_dict_reads_both_rope_spellings_and_qwen2_keeps_biases():
 
 def test_smollm2_presets_have_published_sizes():
   # parameter counts of the SmolLM2 model cards (135M, 360M, 1.7B)
-  for name, millions in {"smollm2-135m": 134.5, "smollm2-360m": 361.8,
-                         "smollm2-1.7b": 1711.4}.items():
+  for name, millions in {
+    "smollm2-135m": 134.5,
+    "smollm2-360m": 361.8,
+    "smollm2-1.7b": 1711.4,
+  }.items():
     cfg = configs.get_preset(name)
     assert not cfg.attention_bias and cfg.tie_word_embeddings and cfg.vocab_size == 49152
     assert abs(cfg.num_params() / 1e6 - millions) < 0.5, (name, cfg.num_params())
@@ -133,12 +180,16 @@ def test_smollm2_presets_have_published_sizes():
 def test_llama_params_shard_without_bias_rules():
   from jax.sharding import PartitionSpec as P
   from empo2_jax.parallel import sharding as shd
+
   shapes = qwen2.param_shapes(configs.get_preset("smollm2-135m"))
   assert not {"bq", "bk", "bv"} & set(shapes["layers"])
   specs = shd.tree_specs(shapes)
-  assert specs["layers"]["wk"] == P(None, "fsdp", "tensor") and specs["embed"] == P("tensor", "fsdp")
-  params = qwen2.init_params(configs.get_preset("smollm2-135m").replace(num_layers=1,
-                                                                       vocab_size=64),
-                             jax.random.PRNGKey(0))
+  assert specs["layers"]["wk"] == P(None, "fsdp", "tensor") and specs["embed"] == P(
+    "tensor", "fsdp"
+  )
+  params = qwen2.init_params(
+    configs.get_preset("smollm2-135m").replace(num_layers=1, vocab_size=64), jax.random.PRNGKey(0)
+  )
   assert jax.tree.structure(params) == jax.tree.structure(
-      jax.tree.map(lambda _: 0, shd.tree_specs(params), is_leaf=lambda x: isinstance(x, P)))
+    jax.tree.map(lambda _: 0, shd.tree_specs(params), is_leaf=lambda x: isinstance(x, P))
+  )

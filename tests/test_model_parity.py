@@ -1,4 +1,5 @@
 """Our Qwen2 forward against transformers' Qwen2ForCausalLM on random checkpoints."""
+
 import numpy as np
 import pytest
 
@@ -9,10 +10,10 @@ from empo2_jax.model import hf, qwen2
 from tests.conftest import hf_logits, make_hf_checkpoint, random_batch
 
 CASES = {
-    "mha_untied": dict(heads=4, kv_heads=4, tie=False),
-    "gqa7_tied": dict(hidden=112, heads=14, kv_heads=2, head_dim=8, tie=True),   # 7B's 7:1 ratio
-    "gqa_theta": dict(heads=4, kv_heads=2, theta=1_000_000.0, tie=False),
-    "gqa_headdim": dict(hidden=64, heads=4, kv_heads=1, head_dim=32, tie=True),
+  "mha_untied": dict(heads=4, kv_heads=4, tie=False),
+  "gqa7_tied": dict(hidden=112, heads=14, kv_heads=2, head_dim=8, tie=True),  # 7B's 7:1 ratio
+  "gqa_theta": dict(heads=4, kv_heads=2, theta=1_000_000.0, tie=False),
+  "gqa_headdim": dict(hidden=64, heads=4, kv_heads=1, head_dim=32, tie=True),
 }
 
 
@@ -74,19 +75,20 @@ def test_kv_cache_chunks_match_full_forward(hf_tiny):
   cache = qwen2.init_cache(config, 2, 32, dtype=jnp.float32)
   index = np.zeros(2, np.int32)
   outs = [[], []]
-  for chunk in ([7, 5], [13, 8]):          # tokens per row in each call
+  for chunk in ([7, 5], [13, 8]):  # tokens per row in each call
     t = max(chunk)
     toks = np.zeros((2, t), np.int32)
     m = np.zeros((2, t), np.int32)
     for b in range(2):
-      toks[b, :chunk[b]] = tokens[b, index[b]: index[b] + chunk[b]]
-      m[b, :chunk[b]] = 1
+      toks[b, : chunk[b]] = tokens[b, index[b] : index[b] + chunk[b]]
+      m[b, : chunk[b]] = 1
     pos = index[:, None] + np.arange(t)[None]
-    logits, cache = qwen2.forward(params, config, toks, m, positions=pos, cache=cache,
-                                  cache_index=index)
+    logits, cache = qwen2.forward(
+      params, config, toks, m, positions=pos, cache=cache, cache_index=index
+    )
     for b in range(2):
-      outs[b].append(np.asarray(logits[b, :chunk[b]]))
+      outs[b].append(np.asarray(logits[b, : chunk[b]]))
     index = index + np.array(chunk)
   for b in range(2):
     got = np.concatenate(outs[b])
-    np.testing.assert_allclose(got, full[b, :lens[b]], atol=1e-4)
+    np.testing.assert_allclose(got, full[b, : lens[b]], atol=1e-4)

@@ -1,5 +1,6 @@
 """launch/aot.py compiles for a TPU topology through libtpu (subprocess: libtpu stays out of the
 pytest process) and reports memory, fit and MFU on its last line."""
+
 import os
 import re
 import subprocess
@@ -10,15 +11,22 @@ import pytest
 from empo2_jax.model.configs import get_preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINE = re.compile(r"^aot program=(\S+) preset=(\S+) topology=(\S+) per_chip_gib=([0-9.]+) "
-                  r"hbm_gib=([0-9.]+) fits=(true|false) est_mfu=([0-9.]+|nan)$")
+LINE = re.compile(
+  r"^aot program=(\S+) preset=(\S+) topology=(\S+) per_chip_gib=([0-9.]+) "
+  r"hbm_gib=([0-9.]+) fits=(true|false) est_mfu=([0-9.]+|nan)$"
+)
 
 
 def aot(*args):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "aot.py"), *args],
-                        capture_output=True, text=True, timeout=900, env=env)
+  proc = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "launch", "aot.py"), *args],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=env,
+  )
   return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -26,8 +34,15 @@ def parse_last_line(stdout):
   m = LINE.match(stdout.strip().splitlines()[-1])
   assert m, stdout
   prog, preset, topo, per_chip, hbm, fits, mfu = m.groups()
-  return dict(program=prog, preset=preset, topology=topo, per_chip=float(per_chip),
-              hbm=float(hbm), fits=fits == "true", mfu=float(mfu))
+  return dict(
+    program=prog,
+    preset=preset,
+    topology=topo,
+    per_chip=float(per_chip),
+    hbm=float(hbm),
+    fits=fits == "true",
+    mfu=float(mfu),
+  )
 
 
 TINY = ["--preset=tiny", "--topology=v5p:2x2x1", "--batch=8", "--seq=64"]
@@ -70,8 +85,15 @@ def test_topology_errors_are_clear():
 @pytest.mark.slow
 def test_72b_does_not_fit_four_v5p_chips():
   # Real shapes: libtpu rejects the program for HBM (it fails fast, in seconds of compile).
-  rc, out, err = aot("--program=lm_train_step", "--preset=72b", "--topology=v5p:2x2x1",
-                     "--batch=128", "--seq=4500", "--microbatches=32", "--no_cost_probe")
+  rc, out, err = aot(
+    "--program=lm_train_step",
+    "--preset=72b",
+    "--topology=v5p:2x2x1",
+    "--batch=128",
+    "--seq=4500",
+    "--microbatches=32",
+    "--no_cost_probe",
+  )
   assert rc == 0, err[-3000:]
   r = parse_last_line(out)
   assert not r["fits"] and r["per_chip"] > r["hbm"] == 95 and "DOES NOT FIT" in out

@@ -1,4 +1,5 @@
 """Mesh specs, partition rules and their clear errors (one process, no device mesh needed)."""
+
 import jax
 import numpy as np
 import pytest
@@ -16,17 +17,23 @@ def abstract_mesh(data, fsdp, tensor):
 def test_mesh_spec_parsing_and_minus_one():
   assert pmesh.parse_mesh_spec("data=2, fsdp=-1") == {"data": 2, "fsdp": -1, "tensor": 1}
   assert pmesh.resolve_mesh_shape("data=2,fsdp=-1,tensor=2", 16) == {
-      "data": 2, "fsdp": 4, "tensor": 2}
+    "data": 2,
+    "fsdp": 4,
+    "tensor": 2,
+  }
   assert pmesh.resolve_mesh_shape((1, 4, 2), 8) == {"data": 1, "fsdp": 4, "tensor": 2}
 
 
-@pytest.mark.parametrize("spec,devices,msg", [
+@pytest.mark.parametrize(
+  "spec,devices,msg",
+  [
     ((3, 1, 1), 8, "uses 3 devices but there are 8"),
     ("data=3,fsdp=-1", 8, "does not divide the 8 devices"),
     ("data=-1,fsdp=-1", 8, "at most one axis may be -1"),
     ("pipeline=2", 8, "unknown mesh axes ['pipeline']"),
     ("data2", 8, "is not axis=size"),
-])
+  ],
+)
 def test_mesh_errors(spec, devices, msg):
   with pytest.raises(ValueError) as e:
     pmesh.resolve_mesh_shape(spec, devices)
@@ -65,7 +72,7 @@ def test_optimizer_state_follows_params():
 
 
 def test_unshardable_dim_names_the_param():
-  shapes = qwen2.param_shapes(get_preset("0.5b"))   # D = 896 = 2^7 * 7
+  shapes = qwen2.param_shapes(get_preset("0.5b"))  # D = 896 = 2^7 * 7
   with pytest.raises(ValueError) as e:
     shd.tree_shardings(shapes, abstract_mesh(1, 256, 1))
   assert "embed" in str(e.value) and "896" in str(e.value) and "fsdp" in str(e.value)
@@ -80,7 +87,7 @@ def test_unmatched_param_is_an_error():
 
 def test_batch_must_divide_data_times_fsdp():
   mesh = pmesh.make_mesh((1, 1, 1))
-  shd.shard_batch({"tokens": np.zeros((3, 4), np.int32)}, mesh)   # 1 device: any batch
+  shd.shard_batch({"tokens": np.zeros((3, 4), np.int32)}, mesh)  # 1 device: any batch
   with pytest.raises(ValueError, match="divisible by data\\*fsdp = 8"):
     shd._check_batch("tokens", (12, 4), abstract_mesh(2, 4, 1))
 
@@ -95,6 +102,10 @@ def test_unknown_topology_lists_valid_examples():
 
 def test_model_flops_formula_matches_param_count():
   c = get_preset("7b")
-  matmul = c.num_params() - c.vocab_size * c.hidden_size - c.hidden_size * (
-      2 * c.num_layers + 1) - c.num_layers * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+  matmul = (
+    c.num_params()
+    - c.vocab_size * c.hidden_size
+    - c.hidden_size * (2 * c.num_layers + 1)
+    - c.num_layers * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+  )
   assert aot.forward_flops_per_token(c, 0) == pytest.approx(2 * matmul)

@@ -3,6 +3,7 @@
 Each case runs tests/parallel_worker.py in a subprocess: the device count (XLA_FLAGS) must be set
 before jax starts, and the main pytest process has one device.
 """
+
 import json
 import os
 import socket
@@ -24,8 +25,13 @@ def _env():
 
 
 def _worker(*args, timeout=900):
-  return subprocess.Popen([sys.executable, WORKER, *map(str, args)], env=_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, WORKER, *map(str, args)],
+    env=_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def _wait(proc, timeout=900):
@@ -43,23 +49,26 @@ def parity(tmp_path_factory):
 @pytest.mark.slow
 def test_one_device_reference_is_the_plain_model_and_trains(parity):
   assert parity["ref_vs_unsharded_forward"] <= TOL
-  assert parity["ref_params_moved"] > 1e-4          # the step really updated the params
-  assert 5.0 < parity["ref_loss"] < 7.5             # ~ln(512) for a random init
+  assert parity["ref_params_moved"] > 1e-4  # the step really updated the params
+  assert 5.0 < parity["ref_loss"] < 7.5  # ~ln(512) for a random init
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh,wq,embed", [
-    ("(8, 1, 1)", [2, 64, 64], [512, 64]),    # data only: params replicated
-    ("(1, 8, 1)", [2, 8, 64], [512, 8]),      # fsdp on D
-    ("(1, 4, 2)", [2, 16, 32], [256, 16]),    # fsdp on D, tensor on heads / vocab
+@pytest.mark.parametrize(
+  "mesh,wq,embed",
+  [
+    ("(8, 1, 1)", [2, 64, 64], [512, 64]),  # data only: params replicated
+    ("(1, 8, 1)", [2, 8, 64], [512, 8]),  # fsdp on D
+    ("(1, 4, 2)", [2, 16, 32], [256, 16]),  # fsdp on D, tensor on heads / vocab
     ("(2, 2, 2)", [2, 32, 32], [256, 32]),
-])
+  ],
+)
 def test_sharded_matches_one_device(parity, mesh, wq, embed):
   r = parity[mesh]
   assert r["logits"] <= TOL and r["loss"] <= TOL and r["params"] <= TOL, r
   assert r["grad_norm"] <= TOL * 10, r
   assert r["wq_shard"] == wq and r["embed_shard"] == embed
-  assert r["mu_wq_shard"] == wq                   # Adam moments sharded like their params
+  assert r["mu_wq_shard"] == wq  # Adam moments sharded like their params
 
 
 def _free_port():

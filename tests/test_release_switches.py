@@ -1,16 +1,15 @@
 """The release's behaviour as config switches: defaults, clear errors, and the wiring into the
 parts that implement them (fast; no environments or models started)."""
+
 import os
-import sys
 
 import pytest
 
 from empo2_jax.train import build
 from empo2_jax.train.build import ConfigError, check_config
+from configs import sciworld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import sciworld  # noqa: E402
 
 
 def _cpu(**overrides):
@@ -29,21 +28,34 @@ def test_defaults_are_ours_and_valid():
   assert c.env.action_correction == "on_reject" and c.optim.prompt_len_check == "both"
   check_config(_cpu())
   # the release's behaviour is a valid combination
-  check_config(_cpu(**{"empo2.memory_key": "final", "empo2.memory_key_text": "chat",
-                       "env.action_correction": "always", "optim.prompt_len_check": "tip_free"}))
+  check_config(
+    _cpu(
+      **{
+        "empo2.memory_key": "final",
+        "empo2.memory_key_text": "chat",
+        "env.action_correction": "always",
+        "optim.prompt_len_check": "tip_free",
+      }
+    )
+  )
 
 
-@pytest.mark.parametrize("path,value,message", [
-    ("empo2.memory_key", "release", "memory_key='release'.*memory_key=final with "
-                                     "memory_key_text=chat"),
+@pytest.mark.parametrize(
+  "path,value,message",
+  [
+    (
+      "empo2.memory_key",
+      "release",
+      "memory_key='release'.*memory_key=final with memory_key_text=chat",
+    ),
     ("empo2.memory_key_text", "full", "memory_key_text='full'; valid: recent, chat"),
     ("env.action_correction", "never", "action_correction='never'; valid: on_reject, always"),
     ("optim.prompt_len_check", "tips", "prompt_len_check='tips'; valid: both, tip_free"),
-])
+  ],
+)
 def test_bad_switch_values_fail_clearly(path, value, message):
   with pytest.raises(ConfigError, match=message):
     check_config(_cpu(**{path: value}))
-
 
 
 def test_action_correction_reaches_the_env_config():

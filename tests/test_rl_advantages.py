@@ -1,4 +1,5 @@
 """Advantages vs plain-python references on random episode batches."""
+
 import numpy as np
 import pytest
 
@@ -15,9 +16,17 @@ def random_batch(seed, n_groups=3, n=4, max_len=5, n_obs=3):
       length = int(rng.integers(1, max_len + 1))
       rewards = rng.integers(-3, 4, length).astype(float) * 10
       for t in range(length):
-        rows.append(dict(group=f"task{g}", rollout=rid, step=t,
-                         obs=f"o{rng.integers(n_obs)}", ret=rewards.sum(),
-                         rew=rewards[t], intr=rng.random() * 0.5))
+        rows.append(
+          dict(
+            group=f"task{g}",
+            rollout=rid,
+            step=t,
+            obs=f"o{rng.integers(n_obs)}",
+            ret=rewards.sum(),
+            rew=rewards[t],
+            intr=rng.random() * 0.5,
+          )
+        )
       rid += 1
   perm = rng.permutation(len(rows))
   rows = [rows[i] for i in perm]
@@ -44,8 +53,9 @@ def test_grpo_step_level():
   want = ref_normalise(b["ret"] + b["intr"], list(b["group"]))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   got0 = A.grpo_step_advantages(b["group"], b["ret"], ddof=0)
-  np.testing.assert_allclose(got0, ref_normalise(b["ret"], list(b["group"]), ddof=0),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    got0, ref_normalise(b["ret"], list(b["group"]), ddof=0), rtol=1e-5, atol=1e-6
+  )
 
 
 def test_rollout_level():
@@ -53,8 +63,10 @@ def test_rollout_level():
   got = A.rollout_advantages(b["group"], b["rollout"], b["rew"] + b["intr"])
   # reference: per rollout sum, normalise over rollouts of a group, broadcast
   rollouts = sorted(set(b["rollout"]))
-  score = {r: sum(b["rew"][i] + b["intr"][i] for i in range(len(b["rew"])) if b["rollout"][i] == r)
-           for r in rollouts}
+  score = {
+    r: sum(b["rew"][i] + b["intr"][i] for i in range(len(b["rew"])) if b["rollout"][i] == r)
+    for r in rollouts
+  }
   group = {b["rollout"][i]: b["group"][i] for i in range(len(b["rew"]))}
   per_roll = ref_normalise([score[r] for r in rollouts], [group[r] for r in rollouts])
   want = np.array([per_roll[rollouts.index(r)] for r in b["rollout"]])
@@ -73,8 +85,9 @@ def ref_discounted(b, gamma):
 @pytest.mark.parametrize("use_std", [True, False])
 def test_gigpo(use_std):
   b = random_batch(2)
-  got = A.gigpo_advantages(b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"],
-                           gamma=0.95, use_std=use_std)
+  got = A.gigpo_advantages(
+    b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"], gamma=0.95, use_std=use_std
+  )
   rollouts = sorted(set(b["rollout"]))
   ret = {b["rollout"][i]: b["ret"][i] for i in range(len(b["ret"]))}
   group = {b["rollout"][i]: b["group"][i] for i in range(len(b["ret"]))}
@@ -93,8 +106,9 @@ def test_gigpo(use_std):
 
 def test_discounted_returns():
   b = random_batch(3)
-  np.testing.assert_allclose(A.discounted_returns(b["rollout"], b["step"], b["rew"], 0.9),
-                             ref_discounted(b, 0.9), rtol=1e-10)
+  np.testing.assert_allclose(
+    A.discounted_returns(b["rollout"], b["step"], b["rew"], 0.9), ref_discounted(b, 0.9), rtol=1e-10
+  )
 
 
 def test_equal_scores_and_singletons_give_zero():
@@ -103,6 +117,5 @@ def test_equal_scores_and_singletons_give_zero():
   assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
   got = A.rollout_advantages(["a", "a", "a"], [0, 1, 1], [33.3, 20.0, 13.3])
   assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
-  got = A.gigpo_advantages(["a"] * 3, [0, 1, 2], [0, 0, 0], ["x", "y", "z"], [7.0] * 3,
-                           [7.0] * 3)
+  got = A.gigpo_advantages(["a"] * 3, [0, 1, 2], [0, 0, 0], ["x", "y", "z"], [7.0] * 3, [7.0] * 3)
   assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)

@@ -1,4 +1,5 @@
 """The EMPO2 update compiles ahead of time for a TPU topology (libtpu in a subprocess)."""
+
 import os
 import subprocess
 import sys
@@ -36,14 +37,16 @@ SCRIPT = textwrap.dedent("""
 def test_train_step_compiles_for_v5p():
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
-  out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)
+  out = subprocess.run(
+    [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1].split()
   fits, per_chip, compiler_flops, model_flops = line[1] == "True", *map(float, line[2:])
   assert fits and 0 < per_chip < 2.0
   # the loop-free cost probe sees the whole update: compiler and model flop counts agree roughly
   assert 0.5 < compiler_flops / model_flops < 3.0, line
-  one, two = map(float, [ln for ln in out.stdout.splitlines()
-                         if ln.startswith("MINIBATCHES")][-1].split()[1:])
+  one, two = map(
+    float, [ln for ln in out.stdout.splitlines() if ln.startswith("MINIBATCHES")][-1].split()[1:]
+  )
   assert 0 < one <= two < one + 0.01, (one, two)

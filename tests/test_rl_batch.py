@@ -1,14 +1,24 @@
 """Turns -> token batches: views per mode, tip removal at the message level, padding, dropping."""
+
 import numpy as np
 import pytest
 
 from empo2_jax.model.tokenizer import load_tokenizer
 from empo2_jax.rl import advantages as adv_lib
-from empo2_jax.rl.batch import (BatchConfig, Turn, bucket_size, build_batch, prompt_text,
-                                strip_tips, turn_advantages, views_for)
+from empo2_jax.rl.batch import (
+  BatchConfig,
+  Turn,
+  bucket_size,
+  build_batch,
+  prompt_text,
+  strip_tips,
+  turn_advantages,
+  views_for,
+)
 
-TIP = ("<tip> Here are some memories you collected in your previous exploration:\nopen door\n"
-       "</tip>\n")
+TIP = (
+  "<tip> Here are some memories you collected in your previous exploration:\nopen door\n</tip>\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -19,14 +29,24 @@ def tok():
 def make_turn(tok, i, mode, tip=True, n_resp=3, **kw):
   obs = f"You are in room {i}. "
   user = (obs + TIP + "Answer with one action.") if tip else (obs + "Answer with one action.")
-  messages = [{"role": "system", "content": "You are an agent."},
-              {"role": "user", "content": "Task: find the animal. " + (TIP if tip else "")},
-              {"role": "assistant", "content": "look around"},
-              {"role": "user", "content": user}]
+  messages = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "Task: find the animal. " + (TIP if tip else "")},
+    {"role": "assistant", "content": "look around"},
+    {"role": "user", "content": user},
+  ]
   ids = tok(f" go to hall {i}", add_special_tokens=False)["input_ids"][:n_resp]
-  base = dict(messages=messages, response=tok.decode(ids), response_ids=ids,
-              sampler_logprobs=[-0.5 - 0.1 * j for j in range(len(ids))], mode=mode,
-              group_id=i % 2, rollout_id=i, step=0, episode_return=float(i))
+  base = dict(
+    messages=messages,
+    response=tok.decode(ids),
+    response_ids=ids,
+    sampler_logprobs=[-0.5 - 0.1 * j for j in range(len(ids))],
+    mode=mode,
+    group_id=i % 2,
+    rollout_id=i,
+    step=0,
+    episode_return=float(i),
+  )
   base.update(kw)
   return Turn(**base)
 
@@ -39,8 +59,11 @@ def test_strip_tips_gives_the_no_memory_message():
 
 def test_strip_tips_inverts_the_agents_tip_block():
   from empo2_jax.agent.prompts import step_user_message
-  tips = ["the door is north; At that timestep, the specific action you took was open door",
-          "second <memory>"]
+
+  tips = [
+    "the door is north; At that timestep, the specific action you took was open door",
+    "second <memory>",
+  ]
   assert strip_tips(step_user_message("a hallway", tips)) == step_user_message("a hallway")
 
 
@@ -57,11 +80,16 @@ def test_views_table():
 
 @pytest.mark.parametrize("variant", ["paper", "release"])
 def test_build_batch_views_and_layout(tok, variant):
-  turns = [make_turn(tok, 0, "off"), make_turn(tok, 1, "on_tips"),
-           make_turn(tok, 2, "on", tip=False), make_turn(tok, 3, "off", n_resp=2)]
+  turns = [
+    make_turn(tok, 0, "off"),
+    make_turn(tok, 1, "on_tips"),
+    make_turn(tok, 2, "on", tip=False),
+    make_turn(tok, 3, "off", n_resp=2),
+  ]
   adv = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
-  cfg = BatchConfig(max_prompt_len=512, response_len=8, ratio_variant=variant, prompt_multiple=16,
-                    row_multiple=4)
+  cfg = BatchConfig(
+    max_prompt_len=512, response_len=8, ratio_variant=variant, prompt_multiple=16, row_multiple=4
+  )
   batch, stats = build_batch(turns, adv, tok, cfg)
   rows, L = batch["cur_tokens"].shape
   P = L - 8
@@ -81,17 +109,19 @@ def test_build_batch_views_and_layout(tok, variant):
     n = len(t.response_ids)
     for prefix, want in (("cur", cur), ("old", old)):
       toks, attn = batch[f"{prefix}_tokens"][row], batch[f"{prefix}_attn"][row]
-      np.testing.assert_array_equal(toks[P - len(want):P], want)  # left-padded prompt
-      np.testing.assert_array_equal(toks[P:P + n], t.response_ids)  # response as sampled
-      np.testing.assert_array_equal(attn, np.r_[np.zeros(P - len(want)), np.ones(len(want) + n),
-                                                np.zeros(8 - n)])
+      np.testing.assert_array_equal(toks[P - len(want) : P], want)  # left-padded prompt
+      np.testing.assert_array_equal(toks[P : P + n], t.response_ids)  # response as sampled
+      np.testing.assert_array_equal(
+        attn, np.r_[np.zeros(P - len(want)), np.ones(len(want) + n), np.zeros(8 - n)]
+      )
     np.testing.assert_array_equal(batch["response_mask"][row], np.r_[np.ones(n), np.zeros(8 - n)])
     np.testing.assert_allclose(batch["sampler_logp"][row, :n], t.sampler_logprobs)
   np.testing.assert_array_equal(batch["advantages"], adv)
   np.testing.assert_array_equal(batch["sample_index"], [0, 1, 2, 3])
   # the tip-free view of the on-policy-with-tips turn is never used; the on turn has no tips
-  assert prompt_ids(turns[2].messages) == list(batch["cur_tokens"][2, P - len(prompt_ids(
-      turns[2].messages)):P])
+  assert prompt_ids(turns[2].messages) == list(
+    batch["cur_tokens"][2, P - len(prompt_ids(turns[2].messages)) : P]
+  )
 
 
 def test_long_samples_dropped_and_rows_padded(tok):
@@ -111,30 +141,49 @@ def test_long_samples_dropped_and_rows_padded(tok):
 
 
 def test_prompt_len_check_tip_free_measures_only_the_tip_free_view(tok):
-  long_tip = ("<tip> Here are some memories you collected in your previous exploration:\n"
-              + "open the door to the hallway and look around carefully\n" * 20 + "</tip>\n")
+  long_tip = (
+    "<tip> Here are some memories you collected in your previous exploration:\n"
+    + "open the door to the hallway and look around carefully\n" * 20
+    + "</tip>\n"
+  )
 
   def with_long_tips(i, mode, extra_words=0):
     t = make_turn(tok, i, mode, tip=False)
     t.messages[-1]["content"] = "You are here. " + long_tip + "Answer." + " word" * extra_words
     return t
 
-  turns = [with_long_tips(0, "on_tips"),             # tips view long, tip-free view short
-           with_long_tips(1, "off"),                 # off: notips/notips, short
-           with_long_tips(2, "off", 300),            # tip-free view itself long
-           make_turn(tok, 3, "on", tip=False)]
+  turns = [
+    with_long_tips(0, "on_tips"),  # tips view long, tip-free view short
+    with_long_tips(1, "off"),  # off: notips/notips, short
+    with_long_tips(2, "off", 300),  # tip-free view itself long
+    make_turn(tok, 3, "on", tip=False),
+  ]
   turns[3].messages[-1]["content"] += " word" * 300  # no tips: the tip-free view is long
   adv = np.arange(4, dtype=np.float32)
-  full = lambda t, view: tok(prompt_text(tok, t.messages if view == "tips" else
-                                         [dict(m, content=strip_tips(m["content"]))
-                                          for m in t.messages]),
-                             add_special_tokens=False)["input_ids"]
+
+  def full(t, view):
+    return tok(
+      prompt_text(
+        tok,
+        t.messages
+        if view == "tips"
+        else [dict(m, content=strip_tips(m["content"])) for m in t.messages],
+      ),
+      add_special_tokens=False,
+    )["input_ids"]
+
   assert len(full(turns[0], "tips")) > 200 > len(full(turns[0], "notips"))
   for variant in ("paper", "release"):
-    both = BatchConfig(max_prompt_len=200, response_len=4, prompt_multiple=32,
-                       ratio_variant=variant)
-    tip_free = BatchConfig(max_prompt_len=200, response_len=4, prompt_multiple=32,
-                           ratio_variant=variant, prompt_len_check="tip_free")
+    both = BatchConfig(
+      max_prompt_len=200, response_len=4, prompt_multiple=32, ratio_variant=variant
+    )
+    tip_free = BatchConfig(
+      max_prompt_len=200,
+      response_len=4,
+      prompt_multiple=32,
+      ratio_variant=variant,
+      prompt_len_check="tip_free",
+    )
     _, s_both = build_batch(turns, adv, tok, both)
     batch, s_free = build_batch(turns, adv, tok, tip_free)
     # "both": the on_tips turn's with-tips view is too long; "release" off also reads the tips view
@@ -145,8 +194,8 @@ def test_prompt_len_check_tip_free_measures_only_the_tip_free_view(tok):
     p_len = batch["cur_tokens"].shape[1] - 4
     ids = full(turns[0], "tips")
     assert p_len >= len(ids) > 200
-    np.testing.assert_array_equal(batch["cur_tokens"][0, p_len - len(ids):p_len], ids)
-    assert batch["cur_attn"][0, :p_len - len(ids)].sum() == 0
+    np.testing.assert_array_equal(batch["cur_tokens"][0, p_len - len(ids) : p_len], ids)
+    assert batch["cur_attn"][0, : p_len - len(ids)].sum() == 0
   with pytest.raises(ValueError, match="prompt_len_check"):
     BatchConfig(prompt_len_check="tips")
 
@@ -160,15 +209,19 @@ def test_bucket_sizes_are_few_and_tight():
 
 
 def test_turn_advantages_dispatch(tok):
-  turns = [make_turn(tok, i, "on", reward=float(i % 3), intrinsic=0.1 * i, obs_key=f"o{i % 2}",
-                     step=i % 3) for i in range(6)]
+  turns = [
+    make_turn(tok, i, "on", reward=float(i % 3), intrinsic=0.1 * i, obs_key=f"o{i % 2}", step=i % 3)
+    for i in range(6)
+  ]
   g = [t.group_id for t in turns]
-  np.testing.assert_allclose(turn_advantages(turns, "grpo_step"),
-                             adv_lib.grpo_step_advantages(g, [float(i) for i in range(6)],
-                                                          [0.1 * i for i in range(6)]))
   np.testing.assert_allclose(
-      turn_advantages(turns, "grpo_rollout"),
-      adv_lib.rollout_advantages(g, list(range(6)), [i % 3 + 0.1 * i for i in range(6)]))
+    turn_advantages(turns, "grpo_step"),
+    adv_lib.grpo_step_advantages(g, [float(i) for i in range(6)], [0.1 * i for i in range(6)]),
+  )
+  np.testing.assert_allclose(
+    turn_advantages(turns, "grpo_rollout"),
+    adv_lib.rollout_advantages(g, list(range(6)), [i % 3 + 0.1 * i for i in range(6)]),
+  )
   got = turn_advantages(turns, "gigpo", use_std=False)
   assert got.shape == (6,) and np.all(np.isfinite(got))
   with pytest.raises(ValueError, match="estimator"):

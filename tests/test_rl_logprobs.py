@@ -1,4 +1,5 @@
 """Chunked log-probs == full-logits log-probs (values and gradients), and stay finite."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,8 +31,14 @@ def inputs(seed, B=3, T=5, D=16, V=300, scale=1.0):
 @pytest.mark.parametrize("temp", [1.0, 0.4])
 def test_values_match_numpy(chunk, temp):
   h, w, t = inputs(0)
-  logp, ent = token_logprobs(jnp.asarray(h), jnp.asarray(w), jnp.asarray(t), temperature=temp,
-                             chunk_size=chunk, with_entropy=True)
+  logp, ent = token_logprobs(
+    jnp.asarray(h),
+    jnp.asarray(w),
+    jnp.asarray(t),
+    temperature=temp,
+    chunk_size=chunk,
+    with_entropy=True,
+  )
   want_lp, want_ent = numpy_reference(h, w, t, temp)
   np.testing.assert_allclose(logp, want_lp, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(ent, want_ent, rtol=1e-5, atol=1e-5)
@@ -48,6 +55,7 @@ def test_gradients_match_naive(chunk):
     def f(h, w):
       lp, ent = fn(h, w, t, temperature=0.7, with_entropy=True)
       return jnp.sum(c_lp * lp) + jnp.sum(c_ent * ent)
+
     return f
 
   chunked = objective(lambda *a, **k: token_logprobs(*a, chunk_size=chunk, **k))
@@ -63,11 +71,13 @@ def test_gradients_match_naive(chunk):
 
 def test_extreme_logits_finite():
   h, w, t = inputs(3, scale=200.0)  # logits in the thousands: exp would overflow naively
-  logp, ent = token_logprobs(jnp.asarray(h), jnp.asarray(w), jnp.asarray(t), chunk_size=64,
-                             with_entropy=True)
+  logp, ent = token_logprobs(
+    jnp.asarray(h), jnp.asarray(w), jnp.asarray(t), chunk_size=64, with_entropy=True
+  )
   assert np.all(np.isfinite(logp)) and np.all(np.isfinite(ent)) and np.all(np.asarray(logp) <= 0)
-  g = jax.grad(lambda h: jnp.sum(token_logprobs(h, jnp.asarray(w), jnp.asarray(t),
-                                                chunk_size=64)))(jnp.asarray(h))
+  g = jax.grad(lambda h: jnp.sum(token_logprobs(h, jnp.asarray(w), jnp.asarray(t), chunk_size=64)))(
+    jnp.asarray(h)
+  )
   assert np.all(np.isfinite(g))
   want_lp, _ = numpy_reference(h, w, t, 1.0)
   np.testing.assert_allclose(logp, want_lp, rtol=1e-4, atol=1e-2)
@@ -75,15 +85,23 @@ def test_extreme_logits_finite():
 
 def test_bfloat16_inputs_close_to_float32():
   h, w, t = inputs(4)
-  lp16 = token_logprobs(jnp.asarray(h, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16),
-                        jnp.asarray(t), chunk_size=64)
+  lp16 = token_logprobs(
+    jnp.asarray(h, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16), jnp.asarray(t), chunk_size=64
+  )
   assert lp16.dtype == jnp.float32
   np.testing.assert_allclose(lp16, numpy_reference(h, w, t, 1.0)[0], atol=0.3)
 
 
 def test_response_logprobs_match_full_forward():
-  cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=16)
+  cfg = Qwen2Config(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+  )
   params = qwen2.init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(5)
   B, L, R = 3, 12, 4
@@ -92,10 +110,13 @@ def test_response_logprobs_match_full_forward():
   attn[1, :3] = 0  # left-padded prompt
   attn[2, -1] = 0  # right-padded response
   lp = jax.jit(lambda p, t, a: response_logprobs(p, cfg, t, a, R, chunk_size=100))(
-      params, jnp.asarray(tokens), jnp.asarray(attn))
-  logits = jax.jit(lambda p, t, a: qwen2.forward(p, cfg, t, a))(params, jnp.asarray(tokens),
-                                                               jnp.asarray(attn))
+    params, jnp.asarray(tokens), jnp.asarray(attn)
+  )
+  logits = jax.jit(lambda p, t, a: qwen2.forward(p, cfg, t, a))(
+    params, jnp.asarray(tokens), jnp.asarray(attn)
+  )
   full = jax.nn.log_softmax(logits, -1)
-  want = np.take_along_axis(np.asarray(full[:, L - R - 1:L - 1]), tokens[:, L - R:, None],
-                            -1)[..., 0]
+  want = np.take_along_axis(np.asarray(full[:, L - R - 1 : L - 1]), tokens[:, L - R :, None], -1)[
+    ..., 0
+  ]
   np.testing.assert_allclose(lp, want, rtol=1e-5, atol=1e-5)

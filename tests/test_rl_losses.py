@@ -1,4 +1,5 @@
 """Policy loss and low-prob mask vs a per-token numpy reference; extreme inputs stay finite."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,8 +28,8 @@ def ref_loss(logp, old, adv_b, mask, cfg, ref=None, ent=None):
     for t in range(R):
       if mask[b, t]:
         tok[b, t], ratios[b, t] = ref_token_loss(
-            logp[b, t], old[b, t], adv_b[b], cfg.clip_eps_low, cfg.clip_eps_high,
-            cfg.dual_clip_c)
+          logp[b, t], old[b, t], adv_b[b], cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c
+        )
 
   def agg(x):
     if cfg.agg == "token_mean":
@@ -94,10 +95,15 @@ def test_loss_gradient_matches_finite_difference_per_branch():
   adv = np.array([1.0, 1.0, -1.0, -1.0])
   logp = old + np.log(ratio)
   mask = np.ones((4, 1))
-  g = jax.grad(lambda lp: losses.policy_loss(lp, jnp.asarray(old, jnp.float32),
-                                             jnp.asarray(adv, jnp.float32),
-                                             jnp.asarray(mask, jnp.float32), cfg)[0])(
-      jnp.asarray(logp, jnp.float32))
+  g = jax.grad(
+    lambda lp: losses.policy_loss(
+      lp,
+      jnp.asarray(old, jnp.float32),
+      jnp.asarray(adv, jnp.float32),
+      jnp.asarray(mask, jnp.float32),
+      cfg,
+    )[0]
+  )(jnp.asarray(logp, jnp.float32))
   # d/dlogp of -A*r / N = -A*r/N on the unclipped branch, 0 on clipped and dual-clipped ones
   np.testing.assert_allclose(np.asarray(g)[:, 0], [-1.1 / 4, 0, 0, 0], atol=1e-6)
 
@@ -110,9 +116,12 @@ def test_kl_and_entropy_terms(kl_type):
   ref = logp + rng.normal(0, 3.0, logp.shape)  # some low_var_kl values hit the clamp at 10
   ent = rng.random(logp.shape) * 3
   want, _ = ref_loss(logp, old, adv, mask, cfg, ref=ref, ent=ent)
-  loss, met = losses.policy_loss(*(jnp.asarray(x, jnp.float32) for x in (logp, old, adv, mask)),
-                                 cfg, ref_logp_br=jnp.asarray(ref, jnp.float32),
-                                 entropy_br=jnp.asarray(ent, jnp.float32))
+  loss, met = losses.policy_loss(
+    *(jnp.asarray(x, jnp.float32) for x in (logp, old, adv, mask)),
+    cfg,
+    ref_logp_br=jnp.asarray(ref, jnp.float32),
+    entropy_br=jnp.asarray(ent, jnp.float32),
+  )
   np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
   assert "kl_ref" in met and "entropy" in met
   with pytest.raises(ValueError, match="ref_logp_br"):
@@ -132,8 +141,9 @@ def test_low_prob_mask_matches_reference():
   np.testing.assert_array_equal(np.asarray(new_mask), mask * keep[:, None])
   np.testing.assert_array_equal(np.asarray(masked), (~keep) & (mask.sum(1) > 0))
   assert 0 < (~keep).sum() < B
-  off, masked_off = losses.apply_low_prob_mask(jnp.asarray(mask), jnp.asarray(old),
-                                               LossConfig(low_prob_mask=False))
+  off, masked_off = losses.apply_low_prob_mask(
+    jnp.asarray(mask), jnp.asarray(old), LossConfig(low_prob_mask=False)
+  )
   np.testing.assert_array_equal(np.asarray(off), mask)
   assert not np.any(np.asarray(masked_off))
 
@@ -157,8 +167,7 @@ def test_extreme_inputs_finite_and_masked_samples_zero_grad():
     m, _ = losses.apply_low_prob_mask(jnp.asarray(mask), jnp.asarray(old), c)
     # masked positions hold garbage in the current log-probs: must not leak
     lp = jnp.where(m > 0, lp, jnp.nan)
-    return losses.policy_loss(lp, jnp.asarray(old), adv, m, cfg, ref_logp_br=ref,
-                              entropy_br=ent)[0]
+    return losses.policy_loss(lp, jnp.asarray(old), adv, m, cfg, ref_logp_br=ref, entropy_br=ent)[0]
 
   for delta in (-5.0, -100.0):
     loss, g = jax.value_and_grad(f)(logp, delta)
@@ -172,11 +181,16 @@ def test_denominators_make_microbatches_add_up():
   cfg = LossConfig()
   logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in make_inputs(5, B=8))
   full, met_full = losses.policy_loss(logp, old, adv, mask, cfg)
-  parts = [losses.policy_loss(logp[i:i + 4], old[i:i + 4], adv[i:i + 4], mask[i:i + 4], cfg,
-                              token_denom=mask.sum()) for i in (0, 4)]
+  parts = [
+    losses.policy_loss(
+      logp[i : i + 4], old[i : i + 4], adv[i : i + 4], mask[i : i + 4], cfg, token_denom=mask.sum()
+    )
+    for i in (0, 4)
+  ]
   np.testing.assert_allclose(sum(p[0] for p in parts), full, rtol=1e-6)
-  np.testing.assert_allclose(sum(p[1]["ratio_mean"] for p in parts), met_full["ratio_mean"],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    sum(p[1]["ratio_mean"] for p in parts), met_full["ratio_mean"], rtol=1e-6
+  )
 
 
 def test_bad_config_is_rejected():

@@ -1,4 +1,5 @@
 """Mixed precision (fp32 masters, bf16 compute) and the update's shuffled mini-batch schedule."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,8 +9,13 @@ import pytest
 from empo2_jax.model import qwen2
 from empo2_jax.rl import minibatch
 from empo2_jax.rl.losses import LossConfig
-from empo2_jax.rl.update import (UpdateConfig, init_train_state, make_optimizer, make_update_fn,
-                                 sample_logprobs_fn)
+from empo2_jax.rl.update import (
+  UpdateConfig,
+  init_train_state,
+  make_optimizer,
+  make_update_fn,
+  sample_logprobs_fn,
+)
 from tests.test_rl_update import MODEL, P, R, full_logp, make_batch
 
 BF16_COMPUTE = MODEL.replace(compute_dtype="bfloat16")
@@ -19,12 +25,13 @@ def pattern_batch(n, n_patterns=10, seed=0):
   """n on-policy samples drawn from n_patterns (prompt, response) pairs; the first half of the
   patterns have advantage +1, the rest -1. Rows are in the order of build_batch (all real)."""
   base = make_batch(seed, rows=n_patterns)
-  base["response_mask"][-1] = base["response_mask"][0]   # every pattern has response tokens
+  base["response_mask"][-1] = base["response_mask"][0]  # every pattern has response tokens
   base["cur_tokens"][-1, P:] = base["cur_tokens"][0, P:]
   base["cur_attn"][-1, P:] = base["cur_attn"][0, P:]
   base["old_tokens"], base["old_attn"] = base["cur_tokens"], base["cur_attn"]
   base["advantages"] = np.where(np.arange(n_patterns) < n_patterns // 2, 1.0, -1.0).astype(
-      np.float32)
+    np.float32
+  )
   pick = np.arange(n) % n_patterns
   out = {k: v[pick].copy() for k, v in base.items()}
   out["sample_index"] = np.arange(n, dtype=np.int32)
@@ -39,23 +46,28 @@ def changed_fraction(a, b):
 # Precision
 # --------------------------------------------------------------------------------------------
 
+
 def test_lr_1e6_step_moves_fp32_masters_but_not_bf16_storage():
   """The default precision learns at the paper's lr; bf16 storage would round every step away."""
-  params = qwen2.init_params(BF16_COMPUTE, jax.random.PRNGKey(0))     # fp32 masters
+  params = qwen2.init_params(BF16_COMPUTE, jax.random.PRNGKey(0))  # fp32 masters
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
   batch = jax.tree.map(jnp.asarray, pattern_batch(16))
-  cfg = UpdateConfig(learning_rate=1e-6, micro_rows=8, vocab_chunk=128,
-                     loss=LossConfig(low_prob_mask=False))
+  cfg = UpdateConfig(
+    learning_rate=1e-6, micro_rows=8, vocab_chunk=128, loss=LossConfig(low_prob_mask=False)
+  )
   state = init_train_state(jax.tree.map(jnp.copy, params), make_optimizer(cfg))
-  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.opt_state)
-             if jnp.issubdtype(x.dtype, jnp.floating))                  # fp32 AdamW moments
+  assert all(
+    x.dtype == jnp.float32
+    for x in jax.tree.leaves(state.opt_state)
+    if jnp.issubdtype(x.dtype, jnp.floating)
+  )  # fp32 AdamW moments
   state, met = make_update_fn(BF16_COMPUTE, cfg)(state, batch)
   assert int(met["optim_steps"]) == 1 and float(met["param_update_norm"]) > 0
-  step = jax.tree.map(lambda a, b: a - b, state.params, params)       # the fp32 update applied
+  step = jax.tree.map(lambda a, b: a - b, state.params, params)  # the fp32 update applied
   matrices = [k for k, v in params["layers"].items() if v.ndim == 3]
   for k in matrices:
     assert changed_fraction(state.params["layers"][k], params["layers"][k]) > 0.99, k
-    assert float(jnp.max(jnp.abs(step["layers"][k]))) < 3e-6, k      # ~lr per element
+    assert float(jnp.max(jnp.abs(step["layers"][k]))) < 3e-6, k  # ~lr per element
 
   # The same step applied to bf16 storage: all but the weights within ~256 lr of zero round back.
   stored = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
@@ -64,7 +76,7 @@ def test_lr_1e6_step_moves_fp32_masters_but_not_bf16_storage():
   for k in matrices:
     assert changed_fraction(after["layers"][k], stored["layers"][k]) < 0.03, k
 
-  with pytest.raises(ValueError, match="float32 master"):   # and the update refuses bf16 storage
+  with pytest.raises(ValueError, match="float32 master"):  # and the update refuses bf16 storage
     make_update_fn(BF16_COMPUTE.replace(param_dtype="bfloat16"), cfg)
 
 
@@ -78,7 +90,8 @@ def test_fp32_masters_compute_in_bf16_with_fp32_gradients():
   mixed = sample_logprobs_fn(BF16_COMPUTE, cfg)(params, tok, attn, R)
   cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   pure_bf16 = sample_logprobs_fn(BF16_COMPUTE.replace(param_dtype="bfloat16"), cfg)(
-      cast, tok, attn, R)
+    cast, tok, attn, R
+  )
   fp32 = sample_logprobs_fn(MODEL, cfg)(params, tok, attn, R)
   m = b["response_mask"] > 0
   np.testing.assert_array_equal(np.asarray(mixed)[m], np.asarray(pure_bf16)[m])
@@ -86,6 +99,7 @@ def test_fp32_masters_compute_in_bf16_with_fp32_gradients():
 
   def loss(p):
     from empo2_jax.rl.logprobs import response_logprobs
+
     return jnp.sum(response_logprobs(p, BF16_COMPUTE, tok, attn, R, chunk_size=128) * m)
 
   grads = jax.grad(loss)(params)
@@ -96,13 +110,22 @@ def test_fp32_masters_compute_in_bf16_with_fp32_gradients():
 def test_sampler_takes_fp32_masters_with_bf16_compute():
   """Rollouts read the fp32 masters: same tokens and log-probs as the bf16-cast weights."""
   from empo2_jax.sampling.sampler import SamplerSettings, generate
+
   params = qwen2.init_params(MODEL, jax.random.PRNGKey(3))
   cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   prompts = [[5, 6, 7, 8], [9, 10, 11]]
-  kw = dict(max_new_tokens=6, temperature=1.0, rng=jax.random.PRNGKey(4),
-            settings=SamplerSettings(cache_dtype="bfloat16", prefill_chunks=(16,),
-                                     cache_lengths=(64,), batch_sizes=(2,),
-                                     new_token_buckets=(8,)))
+  kw = dict(
+    max_new_tokens=6,
+    temperature=1.0,
+    rng=jax.random.PRNGKey(4),
+    settings=SamplerSettings(
+      cache_dtype="bfloat16",
+      prefill_chunks=(16,),
+      cache_lengths=(64,),
+      batch_sizes=(2,),
+      new_token_buckets=(8,),
+    ),
+  )
   a = generate(params, BF16_COMPUTE, prompts, **kw)
   b = generate(cast, BF16_COMPUTE.replace(param_dtype="bfloat16"), prompts, **kw)
   for (ta, la), (tb, lb) in zip(a, b):
@@ -114,6 +137,7 @@ def test_sampler_takes_fp32_masters_with_bf16_compute():
 # Mini-batch layout
 # --------------------------------------------------------------------------------------------
 
+
 def test_plan_and_layout():
   assert minibatch.plan(300, 128) == (3, 3)
   assert minibatch.plan(128, 128) == (1, 1) and minibatch.plan(129, 128)[0] == 2
@@ -124,16 +148,21 @@ def test_plan_and_layout():
   assert len({minibatch.plan(n, 128)[1] for n in range(1, 4001)}) <= 17
 
   batch = pattern_batch(300)
-  batch["sample_index"][-5:] = -1             # build_batch's padding rows are dropped
+  batch["sample_index"][-5:] = -1  # build_batch's padding rows are dropped
   cfg = UpdateConfig(minibatch_size=128, micro_rows=8)
   out, lay = minibatch.arrange(batch, cfg, seed=(0, 7))
-  assert lay == {"num_minibatches": 3, "slots": 3, "rows": 384, "slot_rows": 128,
-                 "sizes": [99, 98, 98]}
+  assert lay == {
+    "num_minibatches": 3,
+    "slots": 3,
+    "rows": 384,
+    "slot_rows": 128,
+    "sizes": [99, 98, 98],
+  }
   assert out["slot_steps"].tolist() == [1, 1, 1]
   idx = out["sample_index"]
-  assert sorted(idx[idx >= 0].tolist()) == list(range(295))        # each real sample once
+  assert sorted(idx[idx >= 0].tolist()) == list(range(295))  # each real sample once
   n_chunks = 384 // 8
-  slot = (np.arange(384) % n_chunks) // 16                             # update.py's slot of a row
+  slot = (np.arange(384) % n_chunks) // 16  # update.py's slot of a row
   assert [int(np.sum((idx >= 0) & (slot == k))) for k in range(3)] == [99, 98, 98]
   pad = idx < 0
   assert not out["response_mask"][pad].any() and not out["cur_attn"][pad].any()
@@ -176,8 +205,14 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
   step on the policy has moved, so ratios leave 1 and the clip acts. Equals plain SGD per slot
   (padding rows add nothing; each step's denominator is its own token count)."""
   params = qwen2.init_params(MODEL, jax.random.PRNGKey(5))
-  cfg = UpdateConfig(learning_rate=3e-2, minibatch_size=128, micro_rows=8, vocab_chunk=128,
-                     adam_eps=1e-6, loss=LossConfig(low_prob_mask=False))
+  cfg = UpdateConfig(
+    learning_rate=3e-2,
+    minibatch_size=128,
+    micro_rows=8,
+    vocab_chunk=128,
+    adam_eps=1e-6,
+    loss=LossConfig(low_prob_mask=False),
+  )
   batch, lay = minibatch.arrange(pattern_batch(300), cfg, seed=(0, 1))
   assert lay["num_minibatches"] == 3
   batch_j = jax.tree.map(jnp.asarray, batch)
@@ -201,7 +236,8 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
   padded, lay = minibatch.arrange(pattern_batch(300), cfg, seed=(0, 1), bucket_growth=2.0)
   assert lay["slots"] == 4 and lay["num_minibatches"] == 3
   got, met_s = make_update_fn(MODEL, cfg, sgd, donate=False)(
-      init_train_state(params, sgd), jax.tree.map(jnp.asarray, padded))
+    init_train_state(params, sgd), jax.tree.map(jnp.asarray, padded)
+  )
   assert int(met_s["optim_steps"]) == 3
   want = reference_minibatch_sgd(params, padded, 0.5)
   for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want)):
@@ -215,14 +251,14 @@ def test_update_compiles_once_per_bucket():
   update = make_update_fn(MODEL, cfg, donate=False)
   state = init_train_state(params, make_optimizer(cfg))
   steps = {}
-  for n in (33, 40, 48):          # 3 mini-batches each: 3 slots of 16 rows
+  for n in (33, 40, 48):  # 3 mini-batches each: 3 slots of 16 rows
     batch, lay = minibatch.arrange(pattern_batch(n), cfg, seed=(0, n))
     assert lay["rows"] == 48
     _, met = update(state, jax.tree.map(jnp.asarray, batch))
     steps[n] = int(met["optim_steps"])
   assert steps == {33: 3, 40: 3, 48: 3}
   assert update._cache_size() == 1
-  batch, lay = minibatch.arrange(pattern_batch(8), cfg, seed=(0, 8))    # 1 step, 1 slot
+  batch, lay = minibatch.arrange(pattern_batch(8), cfg, seed=(0, 8))  # 1 step, 1 slot
   _, met = update(state, jax.tree.map(jnp.asarray, batch))
   assert int(met["optim_steps"]) == 1 and update._cache_size() == 2
 

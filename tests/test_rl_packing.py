@@ -1,4 +1,5 @@
 """Episode-packed update == one row per turn: log-probs, masks, losses and gradients (1e-5)."""
+
 import dataclasses
 
 import numpy as np
@@ -17,9 +18,13 @@ from empo2_jax.rl.batch import BatchConfig, Turn, build_batch, build_packed_batc
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
 
-MATERIAL = PromptMaterial(task_description="Find a non-living thing and move it to the red box.",
-                          action_templates=("look around", "go to LOC", "focus on OBJ"),
-                          inventory="nothing", focus_items=("cup", "chair"), few_shot=())
+MATERIAL = PromptMaterial(
+  task_description="Find a non-living thing and move it to the red box.",
+  action_templates=("look around", "go to LOC", "focus on OBJ"),
+  inventory="nothing",
+  focus_items=("cup", "chair"),
+  few_shot=(),
+)
 ACTIONS = ["look around", "go to kitchen", "focus on cup", "move cup to red box", "wait"]
 
 
@@ -32,18 +37,36 @@ def episode_turns(tok, rollout_id, group_id, n_turns, mode, rng, ret):
   """Turns of one episode as the actor records them: the chat grows by the raw answer and the
   next observation; memory modes carry tip blocks in every user message."""
   tips = ["open the door first", f"tip {rollout_id}"] if mode != "on" else []
-  messages = [{"role": "user", "content": prompts.first_user_message(
-      MATERIAL, f"You are in room {rollout_id}.", tips)}]
+  messages = [
+    {
+      "role": "user",
+      "content": prompts.first_user_message(MATERIAL, f"You are in room {rollout_id}.", tips),
+    }
+  ]
   out = []
   for t in range(n_turns):
     action = ACTIONS[(t + rollout_id) % len(ACTIONS)]
     ids = tok(action, add_special_tokens=False)["input_ids"] + [IM_END_ID]
-    out.append(Turn(messages=list(messages), response=action, response_ids=ids,
-                    sampler_logprobs=list(rng.normal(-1.0, 0.3, len(ids))), mode=mode,
-                    group_id=group_id, rollout_id=rollout_id, step=t, episode_return=ret))
-    messages = messages + [{"role": "assistant", "content": action},
-                           {"role": "user", "content": prompts.step_user_message(
-                               f"Observation {t} of episode {rollout_id}.", tips)}]
+    out.append(
+      Turn(
+        messages=list(messages),
+        response=action,
+        response_ids=ids,
+        sampler_logprobs=list(rng.normal(-1.0, 0.3, len(ids))),
+        mode=mode,
+        group_id=group_id,
+        rollout_id=rollout_id,
+        step=t,
+        episode_return=ret,
+      )
+    )
+    messages = messages + [
+      {"role": "assistant", "content": action},
+      {
+        "role": "user",
+        "content": prompts.step_user_message(f"Observation {t} of episode {rollout_id}.", tips),
+      },
+    ]
   return out
 
 
@@ -68,30 +91,46 @@ def run_update(cfg, params, batch, ucfg, seed=(0, 1)):
   return state, {k: float(v) for k, v in jax.device_get(met).items()}
 
 
-@pytest.mark.parametrize("mode,variant", [("on", "paper"), ("off", "paper"), ("off", "release"),
-                                          ("on_tips", "paper")])
+@pytest.mark.parametrize(
+  "mode,variant", [("on", "paper"), ("off", "paper"), ("off", "release"), ("on_tips", "paper")]
+)
 def test_packed_update_equals_per_turn_update(tok, mode, variant):
   cfg, params = tiny()
   turns = make_turns(tok, mode)
   adv = np.random.default_rng(1).normal(size=len(turns)).astype(np.float32)
-  bcfg = BatchConfig(max_prompt_len=2048, response_len=8, ratio_variant=variant, row_multiple=2,
-                     pad_id=tok.pad_token_id)
+  bcfg = BatchConfig(
+    max_prompt_len=2048,
+    response_len=8,
+    ratio_variant=variant,
+    row_multiple=2,
+    pad_id=tok.pad_token_id,
+  )
   per_turn, s1 = build_batch(turns, adv, tok, bcfg)
   packed, s2 = build_packed_batch(turns, adv, tok, bcfg)
   assert s2["packed_rows"] == 4 and s1["n_samples"] == s2["n_samples"] == len(turns)
-  assert s2["tokens"] * 2 < s1["tokens"]          # history is carried once per episode
+  assert s2["tokens"] * 2 < s1["tokens"]  # history is carried once per episode
   # The random policy gives log-probs near -12; this delta masks some turns and not others.
   loss = LossConfig(low_prob_delta=-12.2)
   # One optimizer step over all turns (the split differs between layouts by construction); a large
   # Adam eps makes the step linear in the gradient, so parameters compare gradients.
-  ucfg = UpdateConfig(minibatch_size=64, micro_rows=2, learning_rate=1e-2, adam_eps=1.0,
-                      loss=loss, vocab_chunk=4096)
+  ucfg = UpdateConfig(
+    minibatch_size=64, micro_rows=2, learning_rate=1e-2, adam_eps=1.0, loss=loss, vocab_chunk=4096
+  )
   st1, m1 = run_update(cfg, params, per_turn, ucfg)
   st2, m2 = run_update(cfg, params, packed, ucfg)
   assert m1["optim_steps"] == m2["optim_steps"] == 1
   assert 0.0 < m1["masked_frac"] < 1.0
-  for k in ("masked_frac", "n_tokens", "old_logp_mean", "sampler_vs_old_logp_absdiff", "loss",
-            "pg_loss", "entropy", "grad_norm", "param_update_norm"):
+  for k in (
+    "masked_frac",
+    "n_tokens",
+    "old_logp_mean",
+    "sampler_vs_old_logp_absdiff",
+    "loss",
+    "pg_loss",
+    "entropy",
+    "grad_norm",
+    "param_update_norm",
+  ):
     np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
   for a, b in zip(jax.tree.leaves(st1.params), jax.tree.leaves(st2.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
@@ -107,8 +146,9 @@ def test_packed_minibatches_are_counted_in_turn_samples(tok):
   bcfg = BatchConfig(max_prompt_len=2048, response_len=8, row_multiple=1, pad_id=tok.pad_token_id)
   packed, stats = build_packed_batch(turns, adv, tok, bcfg)
   assert stats["packed_rows"] == 8
-  ucfg = UpdateConfig(minibatch_size=10, micro_rows=1, vocab_chunk=4096,
-                      loss=LossConfig(low_prob_mask=False))
+  ucfg = UpdateConfig(
+    minibatch_size=10, micro_rows=1, vocab_chunk=4096, loss=LossConfig(low_prob_mask=False)
+  )
   arranged, lay = minibatch.arrange(packed, ucfg, seed=(0, 3))
   assert lay["num_minibatches"] == 4 and lay["slot_rows"] == 2 and sorted(lay["sizes"]) == [2] * 4
   _, met = run_update(cfg, params, packed, ucfg, seed=(0, 3))
@@ -116,10 +156,13 @@ def test_packed_minibatches_are_counted_in_turn_samples(tok):
 
 
 def test_a_turn_whose_history_was_retokenised_differently_gets_its_own_row(tok):
-  turns = make_turns(tok, "on")[:3]                 # episode 0: three turns
+  turns = make_turns(tok, "on")[:3]  # episode 0: three turns
   # Turn 1's chat shows a different answer than the ids turn 0 sampled (e.g. stripped text).
-  turns[0] = dataclasses.replace(turns[0], response_ids=tok(" look", add_special_tokens=False)[
-      "input_ids"] + [IM_END_ID], sampler_logprobs=[-1.0, -1.0])
+  turns[0] = dataclasses.replace(
+    turns[0],
+    response_ids=tok(" look", add_special_tokens=False)["input_ids"] + [IM_END_ID],
+    sampler_logprobs=[-1.0, -1.0],
+  )
   bcfg = BatchConfig(max_prompt_len=2048, response_len=8, row_multiple=1, pad_id=tok.pad_token_id)
   packed, stats = build_packed_batch(turns, np.ones(3, np.float32), tok, bcfg)
   assert stats["packed_rows"] == 2

@@ -1,4 +1,5 @@
 """The jitted update vs a plain full-logits reference; learning direction; 8 devices == 1 device."""
+
 import os
 import subprocess
 import sys
@@ -13,11 +14,23 @@ import pytest
 from empo2_jax.model import qwen2
 from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.rl.losses import LossConfig
-from empo2_jax.rl.update import (UpdateConfig, init_train_state, make_optimizer, make_update_fn,
-                                 sample_logprobs_fn)
+from empo2_jax.rl.update import (
+  UpdateConfig,
+  init_train_state,
+  make_optimizer,
+  make_update_fn,
+  sample_logprobs_fn,
+)
 
-MODEL = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=16)
+MODEL = Qwen2Config(
+  vocab_size=512,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+)
 B, P, R = 8, 10, 4
 
 
@@ -33,8 +46,8 @@ def make_batch(seed, rows=B, vocab=512):
     tok = np.zeros((rows, L), np.int32)
     attn = np.zeros((rows, L), np.int32)
     for b in range(rows):
-      tok[b, P - prompt_len[b]:P] = r2.integers(0, vocab, prompt_len[b])
-      attn[b, P - prompt_len[b]:P + resp_len[b]] = 1
+      tok[b, P - prompt_len[b] : P] = r2.integers(0, vocab, prompt_len[b])
+      attn[b, P - prompt_len[b] : P + resp_len[b]] = 1
     return tok, attn
 
   cur_tok, cur_attn = view(seed + 1)
@@ -43,17 +56,22 @@ def make_batch(seed, rows=B, vocab=512):
   mask = (np.arange(R)[None] < resp_len[:, None]).astype(np.float32)
   for tok, attn in ((cur_tok, cur_attn), (old_tok, old_attn)):
     tok[:, P:] = np.where(mask > 0, resp, 0)
-  return {"cur_tokens": cur_tok, "cur_attn": cur_attn, "old_tokens": old_tok,
-          "old_attn": old_attn, "response_mask": mask,
-          "sampler_logp": rng.normal(-6, 0.1, (rows, R)).astype(np.float32),
-          "advantages": rng.normal(0, 1, rows).astype(np.float32),
-          "sample_index": np.arange(rows, dtype=np.int32)}
+  return {
+    "cur_tokens": cur_tok,
+    "cur_attn": cur_attn,
+    "old_tokens": old_tok,
+    "old_attn": old_attn,
+    "response_mask": mask,
+    "sampler_logp": rng.normal(-6, 0.1, (rows, R)).astype(np.float32),
+    "advantages": rng.normal(0, 1, rows).astype(np.float32),
+    "sample_index": np.arange(rows, dtype=np.int32),
+  }
 
 
 @jax.jit
 def full_logp(params, tok, attn):
   logits = qwen2.forward(params, MODEL, jnp.asarray(tok), jnp.asarray(attn))
-  lp = jax.nn.log_softmax(logits[:, P - 1:P + R - 1], -1)
+  lp = jax.nn.log_softmax(logits[:, P - 1 : P + R - 1], -1)
   return jnp.take_along_axis(lp, jnp.asarray(tok)[:, P:, None], -1)[..., 0]
 
 
@@ -93,8 +111,13 @@ def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
   old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
   min_old = np.where(batch["response_mask"] > 0, old, np.inf).min(1)
   delta = float(np.median(min_old[np.isfinite(min_old)]))  # masks about half of the samples
-  cfg = UpdateConfig(learning_rate=1e-3, minibatch_size=B // n_minibatches, micro_rows=micro_rows,
-                     vocab_chunk=100, loss=LossConfig(low_prob_delta=delta))
+  cfg = UpdateConfig(
+    learning_rate=1e-3,
+    minibatch_size=B // n_minibatches,
+    micro_rows=micro_rows,
+    vocab_chunk=100,
+    loss=LossConfig(low_prob_delta=delta),
+  )
   # SGD: Adam's g / (|g| + eps) would amplify float-rounding differences of near-zero gradients
   opt = optax.sgd(0.05)
   want, _, want_mask = reference_update(params, batch, cfg, n_minibatches, opt)
@@ -103,19 +126,25 @@ def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
 
   state = init_train_state(jax.tree.map(jnp.copy, params), opt)  # the update donates its state
   state, met = make_update_fn(MODEL, cfg, opt)(state, jax.tree.map(jnp.asarray, batch))
-  moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-              zip(jax.tree.leaves(want), jax.tree.leaves(params)))
+  moved = max(
+    float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(params))
+  )
   assert moved > 1e-4
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   assert int(state.step) == n_minibatches == int(met["optim_steps"])
-  moved_norm = np.sqrt(sum(float(jnp.sum((a - b) ** 2)) for a, b in
-                           zip(jax.tree.leaves(state.params), jax.tree.leaves(params))))
+  moved_norm = np.sqrt(
+    sum(
+      float(jnp.sum((a - b) ** 2))
+      for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params))
+    )
+  )
   np.testing.assert_allclose(met["param_update_norm"], moved_norm, rtol=1e-4)
   np.testing.assert_allclose(met["masked_frac"], masked.sum() / 7, rtol=1e-6)
   m = batch["response_mask"] > 0
-  np.testing.assert_allclose(met["sampler_vs_old_logp_absdiff"],
-                             np.abs(batch["sampler_logp"] - old)[m].mean(), rtol=1e-5)
+  np.testing.assert_allclose(
+    met["sampler_vs_old_logp_absdiff"], np.abs(batch["sampler_logp"] - old)[m].mean(), rtol=1e-5
+  )
   cur = np.asarray(full_logp(params, batch["cur_tokens"], batch["cur_attn"]))
   first = np.array([(b % 4) // 2 == 0 for b in range(B)])[:, None] & (want_mask > 0)
   assert met["ratio_max"] >= np.exp(cur - old)[first].max() * (1 - 1e-5)  # first step's ratios
@@ -128,8 +157,9 @@ def test_positive_advantage_raises_logprob():
   batch["advantages"] = np.zeros(B, np.float32)
   batch["advantages"][2] = 1.0
   batch["old_tokens"], batch["old_attn"] = batch["cur_tokens"], batch["cur_attn"]  # on-policy
-  cfg = UpdateConfig(learning_rate=1e-3, micro_rows=4, vocab_chunk=128,
-                     loss=LossConfig(low_prob_mask=False))
+  cfg = UpdateConfig(
+    learning_rate=1e-3, micro_rows=4, vocab_chunk=128, loss=LossConfig(low_prob_mask=False)
+  )
   logp = sample_logprobs_fn(MODEL, cfg)
   before = np.asarray(logp(params, batch["cur_tokens"], batch["cur_attn"], R))
   state = init_train_state(params, make_optimizer(cfg))
@@ -152,7 +182,7 @@ def test_kl_needs_reference_and_bad_rows_rejected():
   np.testing.assert_allclose(met["kl_ref"], 0.0, atol=1e-6)
   with pytest.raises(ValueError, match="multiple"):
     make_update_fn(MODEL, UpdateConfig(micro_rows=3), donate=False)(state, batch)
-  with pytest.raises(ValueError, match="slot"):   # 8 rows are not whole slots of 6
+  with pytest.raises(ValueError, match="slot"):  # 8 rows are not whole slots of 6
     make_update_fn(MODEL, UpdateConfig(minibatch_size=6, micro_rows=2), donate=False)(state, batch)
 
 
@@ -191,11 +221,16 @@ SHARDED_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_update_on_8_devices_matches_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=600)
+  out = subprocess.run(
+    [sys.executable, "-c", SHARDED_SCRIPT],
+    env=env,
+    cwd=root,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
   d, dm, moved = map(float, line.split()[1:])

@@ -4,6 +4,7 @@ own ScienceWorld pool, end with the batch, memory and metrics of a single proces
 Runs tests/rollout_hosts_worker.py three times in subprocesses (one process alone; two processes
 together), each with one CPU device: the distributed start must happen before jax is used.
 """
+
 import json
 import os
 import socket
@@ -30,7 +31,7 @@ def test_host_share_is_contiguous_balanced_and_complete():
     assert [i for s in shares for i in s] == list(range(n))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
   assert hosts.host_share(5, 0, 2) == range(0, 3) and hosts.host_share(5, 1, 2) == range(3, 5)
-  assert hosts.host_share(3) == range(3)                 # one process: everything
+  assert hosts.host_share(3) == range(3)  # one process: everything
   with pytest.raises(ValueError, match="host index 2"):
     hosts.host_share(4, 2, 2)
 
@@ -38,21 +39,48 @@ def test_host_share_is_contiguous_balanced_and_complete():
 def test_episodes_round_trip_through_bytes_exactly():
   from empo2_jax.agent.actor import Episode
   from empo2_jax.rl.batch import Turn
-  e = Episode("find-animal", 3, 1, 7, "off", True, messages=[{"role": "user", "content": "ü ✓"}],
-              score=-100.0, tip="a tip", tips_shown=[["t1", "t2"]], retrieved=[2])
-  e.turns.append(Turn(messages=list(e.messages), response="go", response_ids=[1, 2],
-                      sampler_logprobs=[-0.1234567890123, float(np.float32(-2.5e-8))],
-                      mode="off", group_id=1, rollout_id=7, step=0, episode_return=-100.0,
-                      reward=-100.0, intrinsic=1 / 3, obs_key="kitchen"))
-  back = hosts.episodes_from_bytes(hosts.episodes_to_bytes([e, Episode("boil", 0, 0, 8, "on",
-                                                                       False)]))
+
+  e = Episode(
+    "find-animal",
+    3,
+    1,
+    7,
+    "off",
+    True,
+    messages=[{"role": "user", "content": "ü ✓"}],
+    score=-100.0,
+    tip="a tip",
+    tips_shown=[["t1", "t2"]],
+    retrieved=[2],
+  )
+  e.turns.append(
+    Turn(
+      messages=list(e.messages),
+      response="go",
+      response_ids=[1, 2],
+      sampler_logprobs=[-0.1234567890123, float(np.float32(-2.5e-8))],
+      mode="off",
+      group_id=1,
+      rollout_id=7,
+      step=0,
+      episode_return=-100.0,
+      reward=-100.0,
+      intrinsic=1 / 3,
+      obs_key="kitchen",
+    )
+  )
+  back = hosts.episodes_from_bytes(
+    hosts.episodes_to_bytes([e, Episode("boil", 0, 0, 8, "on", False)])
+  )
   assert back[0] == e and back[1].task == "boil" and isinstance(back[0].turns[0], Turn)
-  assert hosts.gather_episodes([e]) == [e]                # one process: the list itself
+  assert hosts.gather_episodes([e]) == [e]  # one process: the list itself
 
 
 def test_sum_stats_one_process_is_identity():
   assert hosts.sum_stats({"steps": 3, "memory_writes": 2}, ("memory_writes",)) == {
-      "steps": 3, "memory_writes": 2}
+    "steps": 3,
+    "memory_writes": 2,
+  }
 
 
 def _close(a, b, path="", atol=1e-5):
@@ -80,12 +108,21 @@ def test_two_hosts_give_the_batch_memory_and_metrics_of_one(tmp_path):
   env.pop("XLA_FLAGS", None)
   addr = f"localhost:{_free_port()}"
   outs = {name: tmp_path / f"{name}.json" for name in ("single", "p0", "p1")}
-  cmds = {"single": [str(outs["single"]), str(tmp_path / "run_single")],
-          "p0": [str(outs["p0"]), str(tmp_path / "run_multi"), addr, "2", "0"],
-          "p1": [str(outs["p1"]), str(tmp_path / "run_multi"), addr, "2", "1"]}
-  procs = {name: subprocess.Popen([sys.executable, WORKER, *args], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for name, args in cmds.items()}
+  cmds = {
+    "single": [str(outs["single"]), str(tmp_path / "run_single")],
+    "p0": [str(outs["p0"]), str(tmp_path / "run_multi"), addr, "2", "0"],
+    "p1": [str(outs["p1"]), str(tmp_path / "run_multi"), addr, "2", "1"],
+  }
+  procs = {
+    name: subprocess.Popen(
+      [sys.executable, WORKER, *args],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for name, args in cmds.items()
+  }
   try:
     logs = {name: p.communicate(timeout=900)[0] for name, p in procs.items()}
   finally:

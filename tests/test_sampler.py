@@ -1,4 +1,6 @@
-"""One-shot sampler: HF greedy parity, the sampling distribution, top-k/top-p sets, compile bound."""
+"""One-shot sampler: HF greedy parity, the sampling distribution, top-k/top-p sets, compile
+bound."""
+
 import numpy as np
 import pytest
 import torch
@@ -28,8 +30,16 @@ def peaked_hf_checkpoint(path, scale=4.0, **kw):
 
 
 def tiny_config(vocab, **kw):
-  base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-              num_kv_heads=2, head_dim=8, rope_theta=10000.0)
+  base = dict(
+    vocab_size=vocab,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rope_theta=10000.0,
+  )
   base.update(kw)
   return Qwen2Config(**base)
 
@@ -37,9 +47,15 @@ def tiny_config(vocab, **kw):
 def hf_greedy(model, prompt, max_new, stop):
   ids = torch.tensor([prompt], dtype=torch.long)
   with torch.no_grad():
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new, eos_token_id=stop, pad_token_id=stop)
-  return out[0, len(prompt):].tolist()
+    out = model.generate(
+      ids,
+      attention_mask=torch.ones_like(ids),
+      do_sample=False,
+      max_new_tokens=max_new,
+      eos_token_id=stop,
+      pad_token_id=stop,
+    )
+  return out[0, len(prompt) :].tolist()
 
 
 def test_chunk_plan():
@@ -56,12 +72,27 @@ def test_greedy_matches_hf_generate(tmp_path):
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 256, n).tolist() for n in (1, 5, 150, 23, 300, 64)]
   max_new = 20
-  free = generate(params, config, prompts, max_new_tokens=max_new, temperature=0.0,
-                  rng=jax.random.key(0), settings=FP32)
+  free = generate(
+    params,
+    config,
+    prompts,
+    max_new_tokens=max_new,
+    temperature=0.0,
+    rng=jax.random.key(0),
+    settings=FP32,
+  )
   assert all(len(t) == max_new for t, _ in free)
-  stop = int(free[2][0][6])             # a token that row 2 emits at step 6: rows must stop on it
-  out = generate(params, config, prompts, max_new_tokens=max_new, temperature=0.0,
-                 stop_ids=[stop], rng=jax.random.key(0), settings=FP32)
+  stop = int(free[2][0][6])  # a token that row 2 emits at step 6: rows must stop on it
+  out = generate(
+    params,
+    config,
+    prompts,
+    max_new_tokens=max_new,
+    temperature=0.0,
+    stop_ids=[stop],
+    rng=jax.random.key(0),
+    settings=FP32,
+  )
   lengths = []
   for p, (toks, lps) in zip(prompts, out):
     assert toks.tolist() == hf_greedy(model, p, max_new, stop)
@@ -74,12 +105,14 @@ def test_bf16_cache_close_to_fp32(tmp_path):
   make_hf_checkpoint(str(tmp_path), vocab=256, hidden=64, inter=96)
   config, params = hf.load_checkpoint(str(tmp_path), dtype="float32")
   prompts = [np.random.default_rng(1).integers(0, 256, 40).tolist()]
-  (t32, l32), = generate(params, config, prompts, max_new_tokens=1, temperature=1.0,
-                         rng=jax.random.key(3), settings=FP32)
+  ((t32, l32),) = generate(
+    params, config, prompts, max_new_tokens=1, temperature=1.0, rng=jax.random.key(3), settings=FP32
+  )
   bf16 = SamplerSettings(prefill_chunks=(16, 64))
   assert bf16.cache_dtype == "bfloat16"
-  (t16, l16), = generate(params, config, prompts, max_new_tokens=1, temperature=1.0,
-                         rng=jax.random.key(3), settings=bf16)
+  ((t16, l16),) = generate(
+    params, config, prompts, max_new_tokens=1, temperature=1.0, rng=jax.random.key(3), settings=bf16
+  )
   assert get_engine(config, bf16).settings.cache_dtype == "bfloat16"
   assert t16[0] == t32[0] and abs(float(l16[0] - l32[0])) < 0.05
 
@@ -93,22 +126,31 @@ def test_temperature_sampling_follows_softmax():
   config = tiny_config(8)
   params = qwen2.init_params(config, jax.random.key(0), std=0.6)
   prompt = [1, 5, 2, 7]
-  logits = np.asarray(qwen2.forward(params, config, jnp.asarray([prompt]),
-                                    jnp.ones((1, 4), jnp.int32)))[0, -1]
-  settings = SamplerSettings(cache_dtype="float32", prefill_chunks=(8,), cache_lengths=(32,),
-                             batch_sizes=(2048,))
+  logits = np.asarray(
+    qwen2.forward(params, config, jnp.asarray([prompt]), jnp.ones((1, 4), jnp.int32))
+  )[0, -1]
+  settings = SamplerSettings(
+    cache_dtype="float32", prefill_chunks=(8,), cache_lengths=(32,), batch_sizes=(2048,)
+  )
   n, refs = 2048, {}
   for temp in (0.5, 2.0):
     ref = np.asarray(jax.nn.softmax(logits / temp))
     refs[temp] = ref
-    out = generate(params, config, [prompt] * n, max_new_tokens=1, temperature=temp,
-                   rng=jax.random.key(7), settings=settings)
+    out = generate(
+      params,
+      config,
+      [prompt] * n,
+      max_new_tokens=1,
+      temperature=temp,
+      rng=jax.random.key(7),
+      settings=settings,
+    )
     toks = np.array([t[0] for t, _ in out])
     freq = np.bincount(toks, minlength=8) / n
     assert _tv(freq, ref) < 0.04, (temp, freq, ref)
     lps = np.array([lp[0] for _, lp in out])
     np.testing.assert_allclose(lps, np.log(ref[toks]), atol=1e-5)
-  assert _tv(refs[0.5], refs[2.0]) > 0.1        # the temperature visibly changes the target
+  assert _tv(refs[0.5], refs[2.0]) > 0.1  # the temperature visibly changes the target
 
 
 def allowed_set(logits_v, top_k, top_p):
@@ -129,8 +171,13 @@ def test_top_k_top_p_stay_in_allowed_set(top_k, top_p):
   b, v = 8, 64
   logits = np.asarray(jax.random.normal(jax.random.key(1), (b, v))) * 2.0
   draws = 300
-  choose = jax.jit(jax.vmap(lambda k: kernels.choose(jnp.asarray(logits), jax.random.split(k, b),
-                                                     0, 1.0, top_p, top_k, "filter")))
+  choose = jax.jit(
+    jax.vmap(
+      lambda k: kernels.choose(
+        jnp.asarray(logits), jax.random.split(k, b), 0, 1.0, top_p, top_k, "filter"
+      )
+    )
+  )
   toks, lps = map(np.asarray, choose(jax.random.split(jax.random.key(2), draws)))  # [draws, b]
   for r in range(b):
     allowed, probs = allowed_set(logits[r], top_k, top_p)
@@ -138,19 +185,30 @@ def test_top_k_top_p_stay_in_allowed_set(top_k, top_p):
     assert seen <= allowed, (r, seen - allowed)
     np.testing.assert_allclose(lps[:, r], np.log(probs[toks[:, r]]), atol=1e-5)
     if len(allowed) <= 3:
-      assert seen == allowed                  # not over-restrictive either
+      assert seen == allowed  # not over-restrictive either
 
 
 def test_generate_top_k_end_to_end():
   config = tiny_config(16)
   params = qwen2.init_params(config, jax.random.key(4), std=0.5)
   prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [5]]
-  out = generate(params, config, prompts, max_new_tokens=6, temperature=1.3, top_k=2,
-                 rng=jax.random.key(5), settings=FP32)
+  out = generate(
+    params,
+    config,
+    prompts,
+    max_new_tokens=6,
+    temperature=1.3,
+    top_k=2,
+    rng=jax.random.key(5),
+    settings=FP32,
+  )
   for p, (toks, lps) in zip(prompts, out):
     seq = p + toks.tolist()
-    logits = np.asarray(jax.jit(qwen2.forward, static_argnums=1)(
-        params, config, jnp.asarray([seq]), jnp.ones((1, len(seq)), jnp.int32)))[0]
+    logits = np.asarray(
+      jax.jit(qwen2.forward, static_argnums=1)(
+        params, config, jnp.asarray([seq]), jnp.ones((1, len(seq)), jnp.int32)
+      )
+    )[0]
     for i, t in enumerate(toks):
       allowed, probs = allowed_set(logits[len(p) - 1 + i] / 1.3, 2, 1.0)
       assert int(t) in allowed
@@ -161,20 +219,33 @@ def test_generate_top_k_end_to_end():
 def test_compile_count_bounded():
   config = tiny_config(64)
   params = qwen2.init_params(config, jax.random.key(0), std=0.3)
-  settings = SamplerSettings(cache_dtype="float32", prefill_chunks=(16, 64),
-                             cache_lengths=(128, 256), batch_sizes=(4, 8),
-                             new_token_buckets=(16,))
+  settings = SamplerSettings(
+    cache_dtype="float32",
+    prefill_chunks=(16, 64),
+    cache_lengths=(128, 256),
+    batch_sizes=(4, 8),
+    new_token_buckets=(16,),
+  )
   engine = get_engine(config, settings)
   rng = np.random.default_rng(0)
   for i in range(50):
     n = int(rng.integers(1, 9))
     prompts = [rng.integers(0, 64, int(rng.integers(1, 150))).tolist() for _ in range(n)]
-    out = generate(params, config, prompts, max_new_tokens=int(rng.integers(1, 12)),
-                   temperature=float(rng.uniform(0.5, 1.5)), top_p=1.0, top_k=0,
-                   stop_ids=[int(rng.integers(0, 64))], rng=jax.random.key(i), settings=settings)
+    out = generate(
+      params,
+      config,
+      prompts,
+      max_new_tokens=int(rng.integers(1, 12)),
+      temperature=float(rng.uniform(0.5, 1.5)),
+      top_p=1.0,
+      top_k=0,
+      stop_ids=[int(rng.integers(0, 64))],
+      rng=jax.random.key(i),
+      settings=settings,
+    )
     assert len(out) == n
     if i == 0:
-      assert engine.traces["decode"] == 1 and engine.traces["prefill"] >= 1   # the counter counts
+      assert engine.traces["decode"] == 1 and engine.traces["prefill"] >= 1  # the counter counts
   # prefill: 2 batch x 2 chunk x 2 cache shapes; decode: 2 batch x 2 cache shapes (one mode)
   assert engine.traces["prefill"] <= 8 and engine.traces["decode"] <= 4, engine.traces
   assert engine._prefill._cache_size() == engine.traces["prefill"]

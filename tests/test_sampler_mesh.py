@@ -2,6 +2,7 @@
 
 Runs in a subprocess because the host device count is fixed when JAX starts.
 """
+
 import os
 import subprocess
 import sys
@@ -44,8 +45,13 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_sampler_on_two_device_mesh():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root,
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                        timeout=600, cwd=root)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=root,
+    XLA_FLAGS="--xla_force_host_platform_device_count=2",
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=root
+  )
   assert "MESH_OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]

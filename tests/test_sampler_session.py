@@ -1,4 +1,5 @@
 """Multi-turn sessions: prefix reuse == full re-prefill, rollback, slot reuse, truncation policy."""
+
 import numpy as np
 import pytest
 
@@ -9,10 +10,18 @@ from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.sampling.sampler import SamplerSettings, generate, get_engine
 from empo2_jax.sampling.session import Session, common_prefix
 
-CONFIG = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0)
+CONFIG = Qwen2Config(
+  vocab_size=256,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  rope_theta=10000.0,
+)
 SETTINGS = SamplerSettings(cache_dtype="float32", prefill_chunks=(16, 64))
-STOP = (7, 11, 13)          # common enough that responses end at different lengths
+STOP = (7, 11, 13)  # common enough that responses end at different lengths
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +48,14 @@ def test_prefix_reuse_equals_full_reprefill(params):
   hist = {s: rng.integers(0, 256, int(rng.integers(20, 60))).tolist() for s in range(4)}
   lengths = set()
   for turn in range(10):
-    if turn == 3:                              # slot 3: a new episode in a finished slot
+    if turn == 3:  # slot 3: a new episode in a finished slot
       hist[3], last_turn[3] = rng.integers(0, 256, 45).tolist(), 9
-    if turn == 5:                              # tips rewritten in an earlier message of slot 0
+    if turn == 5:  # tips rewritten in an earlier message of slot 0
       hist[0][10:13] = [1, 2, 3]
     req = {s: h for s, h in hist.items() if turn <= last_turn[s]}
-    kwargs = dict(max_new_tokens=12, temperature=1.0, top_k=40, stop_ids=STOP,
-                  rng=jax.random.key(100 + turn))
+    kwargs = dict(
+      max_new_tokens=12, temperature=1.0, top_k=40, stop_ids=STOP, rng=jax.random.key(100 + turn)
+    )
     a = reuse.step(req, **kwargs)
     b = full.step(req, **kwargs)
     assert sorted(a) == sorted(req)
@@ -59,7 +69,7 @@ def test_prefix_reuse_equals_full_reprefill(params):
   assert reuse.stats["prefill_tokens"] < full.stats["prefill_tokens"] / 3
   assert reuse.stats["rollbacks"] == 1 and reuse.stats["resets"] == 1, reuse.stats
   assert full.stats["reused_tokens"] == 0
-  assert len(lengths) > 1                      # stop ids end responses at different lengths
+  assert len(lengths) > 1  # stop ids end responses at different lengths
 
 
 def test_session_compiles_bounded(params):
@@ -80,29 +90,39 @@ def test_truncation_policy(params):
   """Histories outgrow the cache: the session truncates (keep prefix + recent tail), never fails,
   truncates rarely thanks to the slack, and samples exactly what generate() gives on that view."""
   rng = np.random.default_rng(2)
-  sess = Session(params, CONFIG, num_rows=2, max_tokens=160, keep_prefix=20, truncate_slack=48,
-                 settings=SETTINGS)
+  sess = Session(
+    params, CONFIG, num_rows=2, max_tokens=160, keep_prefix=20, truncate_slack=48, settings=SETTINGS
+  )
   hist = [rng.integers(0, 256, 60).tolist() for _ in range(2)]
   max_new = 10
   for turn in range(10):
     key = jax.random.key(turn)
-    out = sess.step({0: hist[0], 1: hist[1]}, max_new_tokens=max_new, temperature=1.0,
-                    stop_ids=STOP, rng=key)
+    out = sess.step(
+      {0: hist[0], 1: hist[1]}, max_new_tokens=max_new, temperature=1.0, stop_ids=STOP, rng=key
+    )
     views = []
     for s in range(2):
       toks = out[s][0]
-      view = sess.rows[s].view[:sess.cached_length(s) - (len(toks) - 1)].tolist()
+      view = sess.rows[s].view[: sess.cached_length(s) - (len(toks) - 1)].tolist()
       assert len(view) + max_new <= 160
-      assert view[:min(20, len(view))] == hist[s][:min(20, len(view))]
+      assert view[: min(20, len(view))] == hist[s][: min(20, len(view))]
       tail = len(view) - 20 if len(view) < len(hist[s]) else len(view)
-      assert view[len(view) - tail:] == hist[s][len(hist[s]) - tail:]
+      assert view[len(view) - tail :] == hist[s][len(hist[s]) - tail :]
       views.append(view)
-    ref = generate(params, CONFIG, views, max_new_tokens=max_new, temperature=1.0,
-                   stop_ids=STOP, rng=key, settings=SETTINGS)
+    ref = generate(
+      params,
+      CONFIG,
+      views,
+      max_new_tokens=max_new,
+      temperature=1.0,
+      stop_ids=STOP,
+      rng=key,
+      settings=SETTINGS,
+    )
     for s in range(2):
       np.testing.assert_array_equal(out[s][0], ref[s][0])
       np.testing.assert_allclose(out[s][1], ref[s][1], atol=1e-5, rtol=0)
       hist[s] = hist[s] + out[s][0].tolist() + rng.integers(0, 256, 30).tolist()
-  assert max(len(h) for h in hist) > 400                  # far past the 160-token cache
+  assert max(len(h) for h in hist) > 400  # far past the 160-token cache
   assert 2 <= sess.stats["truncations"] <= 10, sess.stats  # amortised by the slack
   assert sess.stats["reused_tokens"] > 0

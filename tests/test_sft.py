@@ -1,4 +1,6 @@
-"""SFT on gold chats: packing, answer masks, the loss against a naive per-turn reference, learning."""
+"""SFT on gold chats: packing, answer masks, the loss against a naive per-turn reference,
+learning."""
+
 import numpy as np
 import pytest
 
@@ -20,18 +22,28 @@ def tok():
 
 
 def _material():
-  return PromptMaterial(task_description="Find an animal and focus on it.",
-                        action_templates=("look around", "go to LOC", "focus on OBJ"),
-                        inventory="nothing", focus_items=("cat", "dog"), few_shot=())
+  return PromptMaterial(
+    task_description="Find an animal and focus on it.",
+    action_templates=("look around", "go to LOC", "focus on OBJ"),
+    inventory="nothing",
+    focus_items=("cat", "dog"),
+    few_shot=(),
+  )
 
 
 def _traj(n=3, variation=1):
-  steps = tuple((a, f"You did {a}. Room {variation}.") for a in
-                ["look around", "go to hallway", "focus on cat", "wait", "look around"][:n])
-  return GoldTrajectory(task="find-animal", variation=variation,
-                        task_description="Find an animal and focus on it.",
-                        first_observation=f"This room is the kitchen {variation}.", steps=steps,
-                        final_score=100)
+  steps = tuple(
+    (a, f"You did {a}. Room {variation}.")
+    for a in ["look around", "go to hallway", "focus on cat", "wait", "look around"][:n]
+  )
+  return GoldTrajectory(
+    task="find-animal",
+    variation=variation,
+    task_description="Find an animal and focus on it.",
+    first_observation=f"This room is the kitchen {variation}.",
+    steps=steps,
+    final_score=100,
+  )
 
 
 def test_pack_turns_joins_extending_prompts_and_splits_where_the_prefix_breaks():
@@ -41,18 +53,25 @@ def test_pack_turns_joins_extending_prompts_and_splits_where_the_prefix_breaks()
   assert [r.tokens for r in rows] == [[1, 2, 7, 8, 3, 4], [9, 9, 5, 6, 0]]
   assert rows[0].spans == [(2, 2), (5, 1)] and rows[0].turn_ids == [0, 1]
   assert rows[1].spans == [(2, 2), (4, 1)] and rows[1].turn_ids == [2, 3]
-  for row in rows:     # every span's context is exactly that turn's prompt
+  for row in rows:  # every span's context is exactly that turn's prompt
     for (s, n), t in zip(row.spans, row.turn_ids):
-      assert row.tokens[:s] == prompts[t] and row.tokens[s:s + n] == resps[t]
+      assert row.tokens[:s] == prompts[t] and row.tokens[s : s + n] == resps[t]
   with pytest.raises(ValueError, match="responses"):
     pack_turns([[1]], [])
 
 
 def test_gold_chat_is_the_actors_chat(tok):
   from empo2_jax.agent import prompts
+
   chat = sft.gold_chat(_material(), _traj(3))
-  assert [m["role"] for m in chat] == ["user", "assistant", "user", "assistant", "user",
-                                       "assistant"]
+  assert [m["role"] for m in chat] == [
+    "user",
+    "assistant",
+    "user",
+    "assistant",
+    "user",
+    "assistant",
+  ]
   assert chat[0]["content"] == prompts.first_user_message(_material(), _traj().first_observation)
   assert chat[2]["content"] == prompts.step_user_message("You did look around. Room 1.")
   assert [m["content"] for m in chat[1::2]] == ["look around", "go to hallway", "focus on cat"]
@@ -65,9 +84,8 @@ def test_chat_rows_pack_one_row_per_episode_with_answer_masks(tok):
   assert len(rows) == 2 and all(len(r.spans) == 3 for r in rows)
   stops = set(stop_ids(tok))
   for r in rows:
-    answers = [r.tokens[s:s + n] for s, n in r.spans]
-    assert [tok.decode(a[:-1]) for a in answers] == ["look around", "go to hallway",
-                                                     "focus on cat"]
+    answers = [r.tokens[s : s + n] for s, n in r.spans]
+    assert [tok.decode(a[:-1]) for a in answers] == ["look around", "go to hallway", "focus on cat"]
     assert all(a[-1] in stops for a in answers)
   # Each turn's prompt is exactly what the actor feeds the sampler.
   prompts_, _ = sft.chat_turns(tok, chats[0])
@@ -97,14 +115,18 @@ def test_answer_nll_equals_naive_per_turn_log_softmax():
   r1 = list(rng.integers(0, 300, 2))
   (row,) = pack_turns([p0, p1], [r0, r1])
   batch = sft.pad_rows([row], 0, bucket=8)
-  nll, count = sft.answer_nll(params, cfg, batch["tokens"], batch["attn"], batch["loss_mask"],
-                              vocab_chunk=128)
+  nll, count = sft.answer_nll(
+    params, cfg, batch["tokens"], batch["attn"], batch["loss_mask"], vocab_chunk=128
+  )
   ref = 0.0
   for p, r in ((p0, r0), (p1, r1)):
     toks = np.array([p + r], np.int32)
     logits = np.asarray(qwen2.forward(params, cfg, toks, np.ones_like(toks)), np.float64)[0]
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-        - logits.max(-1, keepdims=True)
+    logp = (
+      logits
+      - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+      - logits.max(-1, keepdims=True)
+    )
     ref -= sum(logp[len(p) - 1 + j, r[j]] for j in range(len(r)))
   assert float(count) == 5
   np.testing.assert_allclose(float(nll), ref, rtol=1e-5)
@@ -137,6 +159,7 @@ def test_packed_logprobs_and_gradients_equal_the_per_turn_layout():
   for values and for the gradient of a weighted sum, at 1e-5."""
   from empo2_jax.rl.logprobs import response_logprobs
   from empo2_jax.rl.packing import packed_response_logprobs
+
   cfg, params = _tiny(300)
   rng = np.random.default_rng(1)
   R = 4
@@ -164,13 +187,12 @@ def test_packed_logprobs_and_gradients_equal_the_per_turn_layout():
   tok = np.zeros((len(turns), P + R), np.int32)
   att = np.zeros_like(tok)
   for i, (p, r) in enumerate(turns):
-    tok[i, P - len(p):P], att[i, P - len(p):P] = p, 1
-    tok[i, P:P + len(r)], att[i, P:P + len(r)] = r, 1
+    tok[i, P - len(p) : P], att[i, P - len(p) : P] = p, 1
+    tok[i, P : P + len(r)], att[i, P : P + len(r)] = r, 1
   w_turn = np.concatenate([weights[0, :3], weights[1, :2]])
 
   def packed(p):
-    lp = packed_response_logprobs(p, cfg, batch["tokens"], batch["attn"], starts, R,
-                                  chunk_size=128)
+    lp = packed_response_logprobs(p, cfg, batch["tokens"], batch["attn"], starts, R, chunk_size=128)
     return jnp.sum(jnp.where(weights != 0, lp, 0.0) * weights), lp
 
   def per_turn(p):
@@ -180,8 +202,9 @@ def test_packed_logprobs_and_gradients_equal_the_per_turn_layout():
   (v1, lp1), g1 = jax.value_and_grad(packed, has_aux=True)(params)
   (v2, lp2), g2 = jax.value_and_grad(per_turn, has_aux=True)(params)
   lp1 = np.concatenate([np.asarray(lp1)[0, :3], np.asarray(lp1)[1, :2]])
-  np.testing.assert_allclose(np.where(w_turn != 0, lp1, 0), np.where(w_turn != 0, lp2, 0),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.where(w_turn != 0, lp1, 0), np.where(w_turn != 0, lp2, 0), atol=1e-5
+  )
   np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

@@ -1,4 +1,6 @@
-"""Sweep expansion (launch/sweep.py, configs/sweeps.py) and the comparison plots (launch/plot.py)."""
+"""Sweep expansion (launch/sweep.py, configs/sweeps.py) and the comparison plots
+(launch/plot.py)."""
+
 import json
 import os
 import subprocess
@@ -6,13 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+from configs import sweeps, sciworld
+from launch import plot, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "launch"))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import plot  # noqa: E402
-import sweep  # noqa: E402
-import sweeps  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "sciworld.py") + ":tiny"
 SWEEPS = os.path.join(ROOT, "configs", "sweeps.py")
@@ -20,10 +19,13 @@ SWEEPS = os.path.join(ROOT, "configs", "sweeps.py")
 
 def test_grid_and_zip():
   runs = sweeps.product(sweeps.sweep("a", [1, 2, 3]), sweeps.sweep("b", [0.5, 1.0]))
-  assert len(runs) == 6 and {(r["a"], r["b"]) for r in runs} == {(a, b) for a in (1, 2, 3)
-                                                                  for b in (0.5, 1.0)}
+  assert len(runs) == 6 and {(r["a"], r["b"]) for r in runs} == {
+    (a, b) for a in (1, 2, 3) for b in (0.5, 1.0)
+  }
   assert sweeps.zip_(sweeps.sweep("a", [1, 2]), sweeps.sweep("b", [3, 4])) == [
-      {"a": 1, "b": 3}, {"a": 2, "b": 4}]
+    {"a": 1, "b": 3},
+    {"a": 2, "b": 4},
+  ]
   with pytest.raises(ValueError):
     sweeps.zip_(sweeps.sweep("a", [1, 2]), sweeps.sweep("b", [3]))
   pq = sweeps.get_sweep("pq")
@@ -31,10 +33,21 @@ def test_grid_and_zip():
 
 
 def test_dry_run_expands_four_tiny_runs(tmp_path):
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "sweep.py"),
-                        f"--config={CONFIG}", f"--sweep={SWEEPS}:tiny4",
-                        f"--workdir={tmp_path}", "--dry_run", "--no_progress"],
-                       capture_output=True, text=True, timeout=120, check=True)
+  out = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "launch", "sweep.py"),
+      f"--config={CONFIG}",
+      f"--sweep={SWEEPS}:tiny4",
+      f"--workdir={tmp_path}",
+      "--dry_run",
+      "--no_progress",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+  )
   runs = json.loads(out.stdout)
   assert len(runs) == 4 and len({r["workdir"] for r in runs}) == 4
   for r in runs:
@@ -42,12 +55,12 @@ def test_dry_run_expands_four_tiny_runs(tmp_path):
     assert f"--workdir={r['workdir']}" in r["command"] and "--no_progress" in r["command"]
     for k, v in r["overrides"].items():
       assert f"--config.{k}={v}" in r["command"]
-  assert {(r["overrides"]["empo2.p_memory"], r["overrides"]["empo2.q_offpolicy"])
-          for r in runs} == {(0.0, 0.0), (0.0, 1.0), (0.5, 0.0), (0.5, 1.0)}
+  assert {
+    (r["overrides"]["empo2.p_memory"], r["overrides"]["empo2.q_offpolicy"]) for r in runs
+  } == {(0.0, 0.0), (0.0, 1.0), (0.5, 0.0), (0.5, 1.0)}
 
 
 def test_bad_sweep_key_names_valid_keys(tmp_path):
-  import sciworld
   with pytest.raises(SystemExit, match="p_memory"):
     sweep.check_overrides(sciworld.get_config("tiny"), {"empo2.p_memry": 0.1}, "x")
   with pytest.raises(SystemExit, match="empo2.p_memory"):
@@ -59,13 +72,20 @@ def _fake_run(workdir, seed, n=12, resumed_at=None):
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
     its = list(range(1, n + 1))
-    if resumed_at:            # a resumed run that repeated iterations after its checkpoint
-      its = its[:resumed_at + 2] + its[resumed_at:]
+    if resumed_at:  # a resumed run that repeated iterations after its checkpoint
+      its = its[: resumed_at + 2] + its[resumed_at:]
     for i in its:
-      rec = {"iteration": i, "mode": "on", "return_mean": float(10 * seed + i + rng.normal()),
-             "success": float(rng.random() < 0.1 * seed), "loss/entropy": 3.0 - 0.1 * i,
-             "time/rollout_and_reflect": 5.0 + seed, "time/batching": 0.5,
-             "time/update": 2.0, "time/iteration": 8.0 + seed}
+      rec = {
+        "iteration": i,
+        "mode": "on",
+        "return_mean": float(10 * seed + i + rng.normal()),
+        "success": float(rng.random() < 0.1 * seed),
+        "loss/entropy": 3.0 - 0.1 * i,
+        "time/rollout_and_reflect": 5.0 + seed,
+        "time/batching": 0.5,
+        "time/update": 2.0,
+        "time/iteration": 8.0 + seed,
+      }
       if i % 4 == 0:
         rec.update({"eval/return_mean": 10.0 * seed + i, "eval/success": 0.1, "time/eval": 1.0})
       f.write(json.dumps(rec) + "\n")
@@ -76,16 +96,20 @@ def test_plot_four_runs(tmp_path):
   for s, name in enumerate(["empo2", "grpo", "p=0.5,q=0", "p=0.5,q=1"]):
     _fake_run(root / name, s, resumed_at=5 if s == 1 else None)
   out = tmp_path / "plots"
-  subprocess.run([sys.executable, os.path.join(ROOT, "launch", "plot.py"),
-                  f"--workdirs={root}", f"--out={out}"], check=True, timeout=120)
+  subprocess.run(
+    [sys.executable, os.path.join(ROOT, "launch", "plot.py"), f"--workdirs={root}", f"--out={out}"],
+    check=True,
+    timeout=120,
+  )
   for name in ("returns.png", "entropy.png", "time_per_phase.png", "comparison.png"):
     path = out / name
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and 15_000 < len(data) < 400_000, (name, len(data))
   import matplotlib.image
+
   img = matplotlib.image.imread(str(out / "comparison.png"))
   assert img.shape[0] > 500 and img.shape[1] > 800
-  assert img[..., :3].std() > 0.05          # not a blank canvas
+  assert img[..., :3].std() > 0.05  # not a blank canvas
   recs = plot.read_run(str(root / "grpo"))
   assert [r["iteration"] for r in recs] == list(range(1, 13))
   with pytest.raises(SystemExit, match="metrics.jsonl"):
@@ -98,13 +122,29 @@ def test_real_tiny4_sweep_then_plot(tmp_path):
   ScienceWorld, 2 iterations), then launch/plot.py compares them. Cheap env/rollout overrides go on
   the sweep's command line, which passes them to every run."""
   root, out = tmp_path / "tiny4", tmp_path / "plots"
-  cheap = ["--config.env.max_steps=1", "--config.rollout.rows_per_iter=1",
-           "--config.rollout.group_size=2", "--config.train.checkpoint_every=0", "--no_progress"]
+  cheap = [
+    "--config.env.max_steps=1",
+    "--config.rollout.rows_per_iter=1",
+    "--config.rollout.group_size=2",
+    "--config.train.checkpoint_every=0",
+    "--no_progress",
+  ]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   env.pop("XLA_FLAGS", None)
-  done = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "sweep.py"),
-                         f"--config={CONFIG}", f"--sweep={SWEEPS}:tiny4", f"--workdir={root}",
-                         *cheap], env=env, capture_output=True, text=True, timeout=900)
+  done = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "launch", "sweep.py"),
+      f"--config={CONFIG}",
+      f"--sweep={SWEEPS}:tiny4",
+      f"--workdir={root}",
+      *cheap,
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
   runs = json.loads((root / "sweep.json").read_text())
   assert len(runs) == 4
@@ -112,12 +152,16 @@ def test_real_tiny4_sweep_then_plot(tmp_path):
   assert names == sorted(r["name"] for r in runs) and len(names) == 4
   for r in runs:
     recs = plot.read_run(r["workdir"])
-    assert [x["iteration"] for x in recs] == [1, 2], r["name"]   # tiny4 sets train.iterations=2
-    assert all(x["episode_steps"] == 1.0 for x in recs)          # the cheap overrides reached it
+    assert [x["iteration"] for x in recs] == [1, 2], r["name"]  # tiny4 sets train.iterations=2
+    assert all(x["episode_steps"] == 1.0 for x in recs)  # the cheap overrides reached it
     assert all(np.isfinite(x["return_mean"]) and np.isfinite(x["loss/entropy"]) for x in recs)
-    if r["overrides"]["empo2.p_memory"] == 0.0:                  # no memory: GRPO, on-policy only
+    if r["overrides"]["empo2.p_memory"] == 0.0:  # no memory: GRPO, on-policy only
       assert {x["mode"] for x in recs} == {"on"}, r["name"]
-  subprocess.run([sys.executable, os.path.join(ROOT, "launch", "plot.py"), f"--workdirs={root}",
-                  f"--out={out}"], env=env, check=True, timeout=120)
+  subprocess.run(
+    [sys.executable, os.path.join(ROOT, "launch", "plot.py"), f"--workdirs={root}", f"--out={out}"],
+    env=env,
+    check=True,
+    timeout=120,
+  )
   data = (out / "comparison.png").read_bytes()
   assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, len(data)

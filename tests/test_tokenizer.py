@@ -1,4 +1,5 @@
 """The bundled Qwen2.5 tokenizer: known ids, special tokens, ChatML, round trips."""
+
 import pytest
 
 from empo2_jax.model import tokenizer as tk
@@ -24,20 +25,25 @@ def test_special_ids(tok):
 def test_chatml(tok):
   msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
   text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-  assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n" \
-                 "<|im_start|>assistant\n"
+  assert (
+    text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    "<|im_start|>assistant\n"
+  )
   ids = tok(text)["input_ids"]
   assert ids[0] == 151644 and ids.count(151645) == 2 and ids[-3] == 151644
 
 
-@pytest.mark.parametrize("text", [
+@pytest.mark.parametrize(
+  "text",
+  [
     "The quick brown fox jumps over the lazy dog.",
     "机器学习是人工智能的一个分支。",
     "emoji 🎉🚀 and accents: café naïve",
     "def f(x):\n    return {'a': x ** 2}\n",
     "   lots   of\t\twhitespace\n\n\n  ",
     "mixed 中文 english 123456789 !!!",
-])
+  ],
+)
 def test_round_trip(tok, text):
   ids = tok(text)["input_ids"]
   assert tok.decode(ids) == text

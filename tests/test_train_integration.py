@@ -1,20 +1,20 @@
 """Two EMPO2 iterations end to end: real ScienceWorld, tiny random policy, MiniLM memory."""
+
 import os
-import sys
 
 import numpy as np
 import pytest
 
 import jax
+from configs import sciworld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import sciworld  # noqa: E402
 
 
 @pytest.mark.slow
 def test_two_offpolicy_iterations_with_memory(tmp_path):
   from empo2_jax.train.trainer import Trainer
+
   config = sciworld.get_config("tiny")
   config.empo2.force_mode = "off"
   # A random policy scores the same in every episode; a strict threshold makes the number of
@@ -25,22 +25,24 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
     before = jax.tree.map(np.array, trainer.state.params)
     m1 = trainer.train_iteration()
     assert m1["mode"] == "off"
-    assert m1["tips_written"] > 0 and len(trainer.memory.store) > 0      # tips in memory
+    assert m1["tips_written"] > 0 and len(trainer.memory.store) > 0  # tips in memory
 
     m2 = trainer.train_iteration()
     eps = trainer.last_episodes
-    tip_turns = [t for e in eps for t in e.turns
-                 if any("<tip>" in m["content"] for m in t.messages)]
+    tip_turns = [
+      t for e in eps for t in e.turns if any("<tip>" in m["content"] for m in t.messages)
+    ]
     assert tip_turns, "second iteration's prompts carry retrieved tips"
     assert m2["retrieval_hits_per_step"] > 0
     assert m2["intrinsic_mean"] > 0
 
     # off-policy, paper variant: both log-prob views are tip-free (SPEC §4)
     batch = trainer.last_batch
-    assert batch["sample_index"].ndim == 2               # the default layout: packed episodes
+    assert batch["sample_index"].ndim == 2  # the default layout: packed episodes
     rows = np.flatnonzero((batch["sample_index"] >= 0).any(axis=1))
-    texts = [trainer.tokenizer.decode(batch["cur_tokens"][r][batch["cur_attn"][r] > 0])
-             for r in rows]
+    texts = [
+      trainer.tokenizer.decode(batch["cur_tokens"][r][batch["cur_attn"][r] > 0]) for r in rows
+    ]
     assert all("<tip>" not in t for t in texts)
     assert any("<tip>" in m["content"] for t in tip_turns for m in t.messages)
 
@@ -54,7 +56,7 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
     flat_before = jax.tree_util.tree_flatten_with_path(before)[0]
     for (path, a), b in zip(flat_before, jax.tree.leaves(after)):
       name = jax.tree_util.keystr(path)
-      if "bk" in name:      # softmax is invariant to the key bias: its gradient is exactly zero
+      if "bk" in name:  # softmax is invariant to the key bias: its gradient is exactly zero
         continue
       assert not np.array_equal(a, b), name
   finally:

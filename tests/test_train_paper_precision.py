@@ -1,33 +1,44 @@
 """The paper's precision and learning rate through launch/train.py: fp32 masters, bf16 compute,
 lr 1e-6 on the tiny config (real ScienceWorld; the config's own model, whatever it is). Every
 iteration with non-zero advantages must move the weights."""
+
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from configs import sciworld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import sciworld  # noqa: E402
 
 
 @pytest.mark.slow
 def test_tiny_run_with_paper_dtypes_and_lr_moves_weights(tmp_path):
   paper = sciworld.get_config()
   assert (paper.model.param_dtype, paper.model.compute_dtype) == ("float32", "bfloat16")
-  cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
-         "--config=" + os.path.join(ROOT, "configs", "sciworld.py") + ":tiny",
-         f"--workdir={tmp_path}", "--no_progress",
-         f"--config.model.param_dtype={paper.model.param_dtype}",
-         f"--config.model.compute_dtype={paper.model.compute_dtype}",
-         f"--config.optim.lr={paper.optim.lr}",
-         # As tests/test_train_integration.py: off-policy iterations with a strict retrieval
-         # threshold, so the second iteration's intrinsic rewards (hence advantages) differ.
-         "--config.empo2.force_mode=off", "--config.memory.threshold=0.99"]
-  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  cmd = [
+    sys.executable,
+    os.path.join(ROOT, "launch", "train.py"),
+    "--config=" + os.path.join(ROOT, "configs", "sciworld.py") + ":tiny",
+    f"--workdir={tmp_path}",
+    "--no_progress",
+    f"--config.model.param_dtype={paper.model.param_dtype}",
+    f"--config.model.compute_dtype={paper.model.compute_dtype}",
+    f"--config.optim.lr={paper.optim.lr}",
+    # As tests/test_train_integration.py: off-policy iterations with a strict retrieval
+    # threshold, so the second iteration's intrinsic rewards (hence advantages) differ.
+    "--config.empo2.force_mode=off",
+    "--config.memory.threshold=0.99",
+  ]
+  out = subprocess.run(
+    cmd,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()]

@@ -1,18 +1,19 @@
-"""The CPU demo's real model in the loop: SmolLM2-135M-Instruct acts in ScienceWorld and writes tips."""
+"""The CPU demo's real model in the loop: SmolLM2-135M-Instruct acts in ScienceWorld and writes
+tips."""
+
 import os
-import sys
 
 import numpy as np
 import pytest
+from configs import sciworld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import sciworld  # noqa: E402
 
 
 @pytest.mark.slow
 def test_smollm2_iteration_acts_writes_tips_and_matches_sampler_logprobs(tmp_path):
   from empo2_jax.train.trainer import Trainer
+
   config = sciworld.get_config("cpu")
   config.empo2.force_mode = "on_tips"
   config.env.max_steps = 2

@@ -1,4 +1,5 @@
 """Mode drawing, configs and the trainer's clear errors (fast; no environments started)."""
+
 import os
 import subprocess
 import sys
@@ -8,10 +9,9 @@ import pytest
 
 from empo2_jax.train.build import ConfigError, check_config
 from empo2_jax.train.trainer import draw_mode
+from configs import sciworld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-import sciworld  # noqa: E402
 
 
 @pytest.mark.parametrize("p,q", [(0.25, 2 / 3), (0.5, 1 / 3), (0.1, 1.0), (0.0, 0.5)])
@@ -55,13 +55,18 @@ def test_unknown_config_key_names_valid_keys():
 
 
 def test_train_cli_errors_fast():
-  cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
-         "--config=" + os.path.join(ROOT, "configs", "sciworld.py")]
-  out = subprocess.run(cmd + ["--workdir=/tmp/empo2_never"], capture_output=True, text=True,
-                       timeout=120)
+  cmd = [
+    sys.executable,
+    os.path.join(ROOT, "launch", "train.py"),
+    "--config=" + os.path.join(ROOT, "configs", "sciworld.py"),
+  ]
+  out = subprocess.run(
+    cmd + ["--workdir=/tmp/empo2_never"], capture_output=True, text=True, timeout=120
+  )
   assert out.returncode != 0 and "config.model.checkpoint" in out.stderr
-  out = subprocess.run(cmd + ["--config.empo2.p_memry=0.1"], capture_output=True, text=True,
-                       timeout=120)
+  out = subprocess.run(
+    cmd + ["--config.empo2.p_memry=0.1"], capture_output=True, text=True, timeout=120
+  )
   assert out.returncode != 0 and "p_memory" in out.stderr and "p_memry" in out.stderr
 
 
@@ -69,21 +74,29 @@ def test_default_precision_and_minibatches():
   """fp32 masters + bf16 compute, the paper's 128-sample mini-batches; launch/aot.py and the
   update default to exactly these values."""
   from empo2_jax.rl.update import UpdateConfig
+
   c = sciworld.get_config()
   assert (c.model.param_dtype, c.model.compute_dtype) == ("float32", "bfloat16")
   assert c.optim.minibatch_size == UpdateConfig.minibatch_size == 128
   assert c.optim.lr == UpdateConfig.learning_rate and c.optim.epochs == 1
   import importlib.util
-  spec = importlib.util.spec_from_file_location("launch_aot",
-                                                os.path.join(ROOT, "launch", "aot.py"))
+
+  spec = importlib.util.spec_from_file_location(
+    "launch_aot", os.path.join(ROOT, "launch", "aot.py")
+  )
   aot_cli = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(aot_cli)
   base = aot_cli.base_config()
   assert (base.model.param_dtype, base.model.compute_dtype, base.model.remat) == (
-      c.model.param_dtype, c.model.compute_dtype, c.model.remat)
+    c.model.param_dtype,
+    c.model.compute_dtype,
+    c.model.remat,
+  )
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("model.param_dtype", "bfloat16", "master weights"),
     ("model.param_dtype", "fp32", "valid"),
     ("model.compute_dtype", "bf16", "compute_dtype"),
@@ -91,10 +104,11 @@ def test_default_precision_and_minibatches():
     ("optim.minibatch_size", 0, "minibatch_size"),
     ("optim.micro_rows", 0, "micro_rows"),
     ("optim.max_prompt_len", 8000, "max_context"),
-])
+  ],
+)
 def test_config_checks_fail_at_once(field, value, match):
   c = sciworld.get_config("cpu")
-  check_config(c)                       # the cpu variant itself is valid (prompt + response fit)
+  check_config(c)  # the cpu variant itself is valid (prompt + response fit)
   assert c.optim.max_prompt_len + c.rollout.max_new_tokens <= c.rollout.max_context
   section, key = field.split(".")
   c[section][key] = value

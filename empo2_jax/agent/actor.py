@@ -33,6 +33,7 @@ The release's behaviour is memory_key="final" with memory_key_text="chat".
 Retrieval for a variation that has no memory slot of its own (test variations in an evaluation
 with memory) searches all of that task's slots and merges the hits by score.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,17 +68,18 @@ class ActorSettings:
   tip_temperature: float = 1.0
   intrinsic_scale: float = 1.0
   intrinsic_reward: bool = True
-  memory_key: str = "step"     # 'step' or 'final': which transcript keys a step's memory
-  memory_key_text: str = "recent"   # 'recent' or 'chat': how a key's text is built (docstring)
-  key_chars: int = 1200        # key length in characters when there is no encoder to count pieces
+  memory_key: str = "step"  # 'step' or 'final': which transcript keys a step's memory
+  memory_key_text: str = "recent"  # 'recent' or 'chat': how a key's text is built (docstring)
+  key_chars: int = 1200  # key length in characters when there is no encoder to count pieces
   cache_dtype: str = "bfloat16"
 
   def __post_init__(self):
     if self.memory_key not in MEMORY_KEYS:
       raise ValueError(f"memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)}")
     if self.memory_key_text not in MEMORY_KEY_TEXTS:
-      raise ValueError(f"memory_key_text={self.memory_key_text!r}; valid: "
-                       f"{', '.join(MEMORY_KEY_TEXTS)}")
+      raise ValueError(
+        f"memory_key_text={self.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
+      )
 
 
 @dataclasses.dataclass
@@ -89,19 +91,19 @@ class Episode:
   mode: str
   use_memory: bool
   messages: list = dataclasses.field(default_factory=list)
-  key_lines: list = dataclasses.field(default_factory=list)   # compact transcript for keys
-  step_keys: list = dataclasses.field(default_factory=list)   # key text used at each step
-  turns: list = dataclasses.field(default_factory=list)       # rl.batch.Turn per step
+  key_lines: list = dataclasses.field(default_factory=list)  # compact transcript for keys
+  step_keys: list = dataclasses.field(default_factory=list)  # key text used at each step
+  turns: list = dataclasses.field(default_factory=list)  # rl.batch.Turn per step
   executed: list = dataclasses.field(default_factory=list)
   observations: list = dataclasses.field(default_factory=list)
-  retrieved: list = dataclasses.field(default_factory=list)   # memories shown per step
+  retrieved: list = dataclasses.field(default_factory=list)  # memories shown per step
   tips_shown: list = dataclasses.field(default_factory=list)  # their texts, per step
   score: float = 0.0
   done: bool = False
   success: bool = False
   env_failed: bool = False
   tip: str = ""
-  final_observation: str = ""   # what the agent saw after its last action
+  final_observation: str = ""  # what the agent saw after its last action
 
   @property
   def episode_return(self) -> float:
@@ -126,25 +128,36 @@ class Memory:
       for i, h in zip(idx, hits):
         out[i] = [x.text for x in h]
     for i, ok in enumerate(own):
-      if not ok:       # unseen variation: every slot of the task, merged by stored score
+      if not ok:  # unseen variation: every slot of the task, merged by stored score
         task_slots = [k for k in self.store.keys() if k[0] == slots[i][0]]
-        merged = [x for k, h in zip(task_slots, self.index.search_batch(
-            task_slots, np.repeat(emb[i:i + 1], len(task_slots), 0))) for x in h]
+        merged = [
+          x
+          for k, h in zip(
+            task_slots,
+            self.index.search_batch(task_slots, np.repeat(emb[i : i + 1], len(task_slots), 0)),
+          )
+          for x in h
+        ]
         merged.sort(key=lambda x: -x.score)
-        out[i] = [x.text for x in merged[:self.index.cfg.top_k]]
+        out[i] = [x.text for x in merged[: self.index.cfg.top_k]]
     return out
 
 
 class Actor:
-
-  def __init__(self, pool, tokenizer, materials: dict, memory: Optional[Memory] = None,
-               settings: ActorSettings = ActorSettings(),
-               sampler_settings: SamplerSettings = SamplerSettings(), mesh=None):
+  def __init__(
+    self,
+    pool,
+    tokenizer,
+    materials: dict,
+    memory: Optional[Memory] = None,
+    settings: ActorSettings = ActorSettings(),
+    sampler_settings: SamplerSettings = SamplerSettings(),
+    mesh=None,
+  ):
     self.pool, self.tok, self.materials = pool, tokenizer, materials
     self.mesh = mesh
     self.memory, self.settings = memory, settings
-    self.sampler_settings = dataclasses.replace(sampler_settings,
-                                                cache_dtype=settings.cache_dtype)
+    self.sampler_settings = dataclasses.replace(sampler_settings, cache_dtype=settings.cache_dtype)
     self.stop_ids = stop_ids(tokenizer)
     self.last_stats: dict = {}
 
@@ -168,17 +181,18 @@ class Actor:
     return self._recent_key(ep, observation)
 
   def _chat_key(self, messages) -> str:
-    """"role: content" lines of the chat (system excluded), cut to the encoder's first window."""
+    """ "role: content" lines of the chat (system excluded), cut to the encoder's first window."""
     text = "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
     enc = self.memory.encoder if self.memory is not None else None
     if enc is None:
-      return text[:self.settings.key_chars]
-    pieces = enc.tokenizer.encode(text)      # truncating tokenizer: the first window only
+      return text[: self.settings.key_chars]
+    pieces = enc.tokenizer.encode(text)  # truncating tokenizer: the first window only
     if not pieces.overflowing:
       return text
-    ends = [end for (_, end), special in zip(pieces.offsets, pieces.special_tokens_mask)
-            if not special]
-    return text[:max(ends, default=0)]
+    ends = [
+      end for (_, end), special in zip(pieces.offsets, pieces.special_tokens_mask) if not special
+    ]
+    return text[: max(ends, default=0)]
 
   def _recent_key(self, ep: Episode, observation: Optional[str]) -> str:
     """Task line + the most recent observation/action lines that fit the encoder's window.
@@ -190,7 +204,7 @@ class Actor:
     lines = ep.key_lines + ([f"observation: {observation.strip()}"] if observation else [])
     enc = self.memory.encoder if self.memory is not None else None
     if enc is None:
-      return "\n".join([head] + lines)[-self.settings.key_chars:]
+      return "\n".join([head] + lines)[-self.settings.key_chars :]
     counts = [len(e.ids) - 2 for e in enc.tokenizer.encode_batch([head] + lines)]
     budget = enc.cfg.max_seq_length - 2 - counts[0]
     kept = []
@@ -201,9 +215,19 @@ class Actor:
       budget -= n
     return "\n".join([head] + kept[::-1])
 
-  def rollout(self, params, model_config, specs: Sequence[tuple[str, int, int]], *,
-              use_memory: bool, temperature: float, rng: jax.Array, mode: str = "on",
-              reflect: bool = False, iteration: int = 0) -> list[Episode]:
+  def rollout(
+    self,
+    params,
+    model_config,
+    specs: Sequence[tuple[str, int, int]],
+    *,
+    use_memory: bool,
+    temperature: float,
+    rng: jax.Array,
+    mode: str = "on",
+    reflect: bool = False,
+    iteration: int = 0,
+  ) -> list[Episode]:
     """specs: (task, variation, group_id) per episode. Returns finished episodes in spec order.
 
     Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
@@ -218,24 +242,39 @@ class Actor:
       raise KeyError(f"no prompt material for {missing}; build the Actor with those variations")
     share = hosts.host_share(len(specs))
     k_steps, k_reflect = jax.random.split(rng)
-    episodes = [Episode(specs[i][0], int(specs[i][1]), int(specs[i][2]), i, mode, use_memory)
-                for i in share]
-    stats = dict.fromkeys(("retrieved", "memory_steps", "steps", "prefill_tokens",
-                           "reused_tokens", "truncations"), 0)
+    episodes = [
+      Episode(specs[i][0], int(specs[i][1]), int(specs[i][2]), i, mode, use_memory) for i in share
+    ]
+    stats = dict.fromkeys(
+      ("retrieved", "memory_steps", "steps", "prefill_tokens", "reused_tokens", "truncations"), 0
+    )
     session = None
-    if episodes:      # a host may have none when there are fewer episodes than hosts
+    if episodes:  # a host may have none when there are fewer episodes than hosts
       engine = _EpisodeKeys(get_engine(model_config, self.sampler_settings, self.mesh), share)
-      session = Session(params, model_config, num_rows=len(episodes),
-                        max_tokens=self.settings.max_context, settings=self.sampler_settings,
-                        mesh=self.mesh, engine=engine)
+      session = Session(
+        params,
+        model_config,
+        num_rows=len(episodes),
+        max_tokens=self.settings.max_context,
+        settings=self.sampler_settings,
+        mesh=self.mesh,
+        engine=engine,
+      )
       self._run_episodes(session, episodes, use_memory, temperature, k_steps, stats)
     if reflect and self.memory is not None:
       stats.update(self._reflect(session, episodes, k_reflect, iteration))
     self.last_stats = hosts.sum_stats(stats, same_on_all_hosts=("memory_writes",))
     return hosts.gather_episodes(episodes)
 
-  def _run_episodes(self, session: Session, episodes: list[Episode], use_memory: bool,
-                    temperature: float, rng: jax.Array, stats: dict) -> None:
+  def _run_episodes(
+    self,
+    session: Session,
+    episodes: list[Episode],
+    use_memory: bool,
+    temperature: float,
+    rng: jax.Array,
+    stats: dict,
+  ) -> None:
     """Steps `episodes` (this host's) to their ends in lock-step; step t samples with
     fold_in(fold_in(rng, t), episode index)."""
     s = self.settings
@@ -251,8 +290,11 @@ class Actor:
       if not live:
         break
       keys = [self._key(episodes[i], obs[i]) for i in live]
-      tips = (self.memory.retrieve([(episodes[i].task, episodes[i].variation) for i in live], keys)
-              if use_memory else [[] for _ in live])
+      tips = (
+        self.memory.retrieve([(episodes[i].task, episodes[i].variation) for i in live], keys)
+        if use_memory
+        else [[] for _ in live]
+      )
       requests = {}
       for i, key, tip in zip(live, keys, tips):
         e = episodes[i]
@@ -263,25 +305,43 @@ class Actor:
         e.messages.append({"role": "user", "content": self._user_message(e, obs[i], tip)})
         ids = self._ids(e.messages)
         if len(e.messages) == 1:
-          keep[i] = len(ids)          # on overflow, keep the first prompt and the recent turns
+          keep[i] = len(ids)  # on overflow, keep the first prompt and the recent turns
         requests[i] = ids
-      out = self._sample(session, requests, jax.random.fold_in(rng, step_i),
-                         max_new_tokens=s.max_new_tokens, temperature=temperature,
-                         keep_prefix=keep)
+      out = self._sample(
+        session,
+        requests,
+        jax.random.fold_in(rng, step_i),
+        max_new_tokens=s.max_new_tokens,
+        temperature=temperature,
+        keep_prefix=keep,
+      )
       texts = {i: self.tok.decode(out[i][0], skip_special_tokens=True).strip() for i in live}
       results = self.pool.step([texts.get(i) for i in range(len(episodes))])
       for i in live:
         e, res = episodes[i], results[i]
         toks, lps = out[i]
         n_ret = e.retrieved[-1]
-        r_int = (float(intrinsic_reward(n_ret, s.intrinsic_scale)) if use_memory
-                 and s.intrinsic_reward else 0.0)
-        e.turns.append(Turn(messages=list(e.messages), response=texts[i],
-                            response_ids=[int(t) for t in toks],
-                            sampler_logprobs=[float(x) for x in lps], mode=e.mode,
-                            group_id=e.group_id, rollout_id=e.rollout_id, step=step_i,
-                            episode_return=0.0, reward=float(res.reward), intrinsic=r_int,
-                            obs_key=obs[i].strip()))
+        r_int = (
+          float(intrinsic_reward(n_ret, s.intrinsic_scale))
+          if use_memory and s.intrinsic_reward
+          else 0.0
+        )
+        e.turns.append(
+          Turn(
+            messages=list(e.messages),
+            response=texts[i],
+            response_ids=[int(t) for t in toks],
+            sampler_logprobs=[float(x) for x in lps],
+            mode=e.mode,
+            group_id=e.group_id,
+            rollout_id=e.rollout_id,
+            step=step_i,
+            episode_return=0.0,
+            reward=float(res.reward),
+            intrinsic=r_int,
+            obs_key=obs[i].strip(),
+          )
+        )
         e.messages.append({"role": "assistant", "content": texts[i]})
         e.executed.append(res.info.executed_action)
         e.key_lines += [f"observation: {obs[i].strip()}", f"action: {res.info.executed_action}"]
@@ -300,33 +360,56 @@ class Actor:
     for k in ("prefill_tokens", "reused_tokens", "truncations"):
       stats[k] = int(session.stats[k])
 
-  def _sample(self, session: Session, requests: dict, key: jax.Array, *, max_new_tokens: int,
-              temperature: float, keep_prefix=None) -> dict:
+  def _sample(
+    self,
+    session: Session,
+    requests: dict,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    keep_prefix=None,
+  ) -> dict:
     """One session call; row r draws with fold_in(key, episode index of r) (see _EpisodeKeys)."""
     session.engine.step_key = key
     s = self.settings
-    return session.step(requests, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_p=s.top_p, top_k=s.top_k, stop_ids=self.stop_ids, rng=key,
-                        keep_prefix=keep_prefix)
+    return session.step(
+      requests,
+      max_new_tokens=max_new_tokens,
+      temperature=temperature,
+      top_p=s.top_p,
+      top_k=s.top_k,
+      stop_ids=self.stop_ids,
+      rng=key,
+      keep_prefix=keep_prefix,
+    )
 
   # ------------------------------------------------------------------------------------------
   def _tip_messages(self, e: Episode) -> list:
     chat = tip_chat(e.messages)
-    outcome = (f"Observation: {e.final_observation.strip()}\n\nThe episode is over; your final "
-               f"score is {format_score(e.score)}/100.\n\n")
+    outcome = (
+      f"Observation: {e.final_observation.strip()}\n\nThe episode is over; your final "
+      f"score is {format_score(e.score)}/100.\n\n"
+    )
     chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
     return chat
 
-  def _reflect(self, session: Optional[Session], episodes: list[Episode], rng,
-               iteration: int) -> dict:
+  def _reflect(
+    self, session: Optional[Session], episodes: list[Episode], rng, iteration: int
+  ) -> dict:
     """One session call writes this host's episodes' tips; all hosts' tips go into memory
     (memory/sync.gather_and_commit: a collective, called also by a host without episodes)."""
     s = self.settings
     todo = [i for i, e in enumerate(episodes) if e.turns and not e.env_failed]
     # The tip chat shows the outcome: the observation after the last action and the final score.
     requests = {i: self._ids(self._tip_messages(episodes[i])) for i in todo}
-    out = (self._sample(session, requests, rng, max_new_tokens=s.tip_max_new_tokens,
-                        temperature=s.tip_temperature) if requests else {})
+    out = (
+      self._sample(
+        session, requests, rng, max_new_tokens=s.tip_max_new_tokens, temperature=s.tip_temperature
+      )
+      if requests
+      else {}
+    )
     writes = []
     for i in todo:
       e = episodes[i]
@@ -334,13 +417,16 @@ class Actor:
       if not e.tip:
         continue
       final = e.final_observation if s.memory_key_text == "recent" else None
-      keys = (e.step_keys if s.memory_key == "step" else [self._key(e, final)] * len(e.executed))
+      keys = e.step_keys if s.memory_key == "step" else [self._key(e, final)] * len(e.executed)
       for action, key in zip(e.executed, keys):
-        writes.append(MemoryWrite((e.task, e.variation), memory_text(e.tip, action, e.score),
-                                  e.score, key))
+        writes.append(
+          MemoryWrite((e.task, e.variation), memory_text(e.tip, action, e.score), e.score, key)
+        )
     _, uids = gather_and_commit(self.memory.store, self.memory.encoder, writes, iteration)
-    return {"tips": sum(1 for i in todo if episodes[i].tip),
-            "memory_writes": sum(u is not None for u in uids)}
+    return {
+      "tips": sum(1 for i in todo if episodes[i].tip),
+      "memory_writes": sum(u is not None for u in uids),
+    }
 
 
 class _EpisodeKeys:
@@ -361,7 +447,7 @@ class _EpisodeKeys:
     return getattr(self._engine, name)
 
   def decode(self, params, cache, hidden, length, active, keys, **kwargs):
-    del keys                     # fold_in(step_key, slot): replaced by per-episode keys
+    del keys  # fold_in(step_key, slot): replaced by per-episode keys
     if self.step_key is None:
       raise RuntimeError("_EpisodeKeys.decode before step_key was set (use Actor._sample)")
     keys = self._engine._rows(row_keys(self.step_key, self._ids))
@@ -371,6 +457,7 @@ class _EpisodeKeys:
 def material_for(env, task: str, variations: Sequence[int], n_few_shot: int = 2) -> dict:
   """{(task, variation): PromptMaterial} from a local SciWorldEnv (few-shot from train only)."""
   from empo2_jax.envs import fewshot
+
   shots = tuple(fewshot.gold_trajectories(env, task, n=n_few_shot))
   return {(task, int(v)): fewshot.prompt_material(env, task, int(v), shots) for v in variations}
 

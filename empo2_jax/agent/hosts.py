@@ -20,6 +20,7 @@ device) and `sampling_params` a host-local copy of the (pod-sharded) weights, ga
 rollout. The whole model is copied to every host, which fits the 0.5B-7B policies of the paper; a
 model larger than one host needs a sampler that runs over the global mesh instead.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,7 +53,8 @@ def episodes_to_bytes(episodes: Sequence) -> bytes:
 
 
 def episodes_from_bytes(payload: bytes) -> list:
-  from empo2_jax.agent.actor import Episode   # the actor imports this module
+  from empo2_jax.agent.actor import Episode  # the actor imports this module
+
   out = []
   for d in json.loads(payload.decode("utf-8")):
     d["turns"] = [Turn(**t) for t in d["turns"]]
@@ -65,8 +67,11 @@ def gather_episodes(episodes: Sequence) -> list:
   collective: every process calls it, also with no episodes. One process: the list itself."""
   if jax.process_count() == 1:
     return list(episodes)
-  return [e for payload in allgather_bytes(episodes_to_bytes(episodes))
-          for e in episodes_from_bytes(payload)]
+  return [
+    e
+    for payload in allgather_bytes(episodes_to_bytes(episodes))
+    for e in episodes_from_bytes(payload)
+  ]
 
 
 def sum_stats(stats: dict, same_on_all_hosts: Sequence[str] = ()) -> dict:
@@ -82,8 +87,9 @@ def sum_stats(stats: dict, same_on_all_hosts: Sequence[str] = ()) -> dict:
       raise RuntimeError(f"hosts report different rollout stats: {[k for k, _ in got]} vs {keys}")
     totals = [t + v for t, (_, v) in zip(totals, got)]
   out = dict(stats)
-  out.update({k: (int(t) if isinstance(stats[k], (int, np.integer)) else t)
-              for k, t in zip(keys, totals)})
+  out.update(
+    {k: (int(t) if isinstance(stats[k], (int, np.integer)) else t) for k, t in zip(keys, totals)}
+  )
   return out
 
 
@@ -94,6 +100,7 @@ def local_mesh(spec) -> Optional[jax.sharding.Mesh]:
   if len(devices) == 1:
     return None
   from empo2_jax.parallel import mesh as mesh_lib
+
   tensor = int(dict(spec).get("tensor", 1))
   tensor = tensor if tensor > 0 and len(devices) % tensor == 0 else 1
   return mesh_lib.make_mesh({"data": 1, "fsdp": -1, "tensor": tensor}, devices=devices)
@@ -106,12 +113,21 @@ def sampling_params(params, mesh: Optional[jax.sharding.Mesh]):
   if jax.process_count() == 1:
     return params
   from jax.experimental import multihost_utils
+
   host = jax.tree.map(np.asarray, multihost_utils.process_allgather(params, tiled=True))
   if mesh is None:
     return jax.tree.map(jax.numpy.asarray, host)
   from empo2_jax.parallel import sharding as shd
+
   return shd.shard_tree(host, mesh)
 
 
-__all__ = ["host_share", "gather_episodes", "episodes_to_bytes", "episodes_from_bytes",
-           "sum_stats", "local_mesh", "sampling_params"]
+__all__ = [
+  "host_share",
+  "gather_episodes",
+  "episodes_to_bytes",
+  "episodes_from_bytes",
+  "sum_stats",
+  "local_mesh",
+  "sampling_params",
+]

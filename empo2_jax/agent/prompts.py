@@ -9,6 +9,7 @@ turn's user message for the rest of the episode.
                       current observation, [tip block], instruction
   later user message: observation, [tip block], instruction
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -18,8 +19,10 @@ from empo2_jax.envs.fewshot import PromptMaterial, format_trajectory
 TIP_OPEN = "<tip> Here are some memories you collected in your previous exploration:"
 TIP_CLOSE = "</tip>"
 
-INSTRUCTION = ("Reply with exactly one action on a single line, written like the templates above, "
-               "with no explanation. If you are not sure what to do, try something new.")
+INSTRUCTION = (
+  "Reply with exactly one action on a single line, written like the templates above, "
+  "with no explanation. If you are not sure what to do, try something new."
+)
 
 
 def tip_block(tips: Sequence[str]) -> str:
@@ -30,13 +33,19 @@ def tip_block(tips: Sequence[str]) -> str:
 
 
 def first_user_message(material: PromptMaterial, observation: str, tips: Sequence[str] = ()) -> str:
-  parts = ["You are an agent in ScienceWorld, a text-based science laboratory.",
-           f"Your task: {material.task_description.strip()}"]
+  parts = [
+    "You are an agent in ScienceWorld, a text-based science laboratory.",
+    f"Your task: {material.task_description.strip()}",
+  ]
   for i, traj in enumerate(material.few_shot):
-    parts.append(f"Example {i + 1} (a solved episode of this task, another variation):\n"
-                 f"{format_trajectory(traj)}")
-  parts.append("Actions you can use (replace OBJ/LOC with objects you see):\n"
-               + ", ".join(material.action_templates))
+    parts.append(
+      f"Example {i + 1} (a solved episode of this task, another variation):\n"
+      f"{format_trajectory(traj)}"
+    )
+  parts.append(
+    "Actions you can use (replace OBJ/LOC with objects you see):\n"
+    + ", ".join(material.action_templates)
+  )
   if material.focus_items:
     parts.append("Objects you may focus on: " + ", ".join(material.focus_items))
   parts.append(f"Inventory: {material.inventory.strip()}")

@@ -16,8 +16,10 @@ of the key, so read back by `episode_id`, not by position):
   response_ids / sampler_logprobs: the sampled tokens and their log-probs, concatenated over turns
          (turn t owns num_tokens[t]).
 Per-turn lists are flattened to the episode because TFDS serialises nested variable-length sequences
-through TensorFlow's RaggedTensor, and TensorFlow is not a dependency; flat sequences are pure numpy.
+through TensorFlow's RaggedTensor, and TensorFlow is not a dependency; flat sequences are pure
+numpy.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,51 +32,81 @@ from etils import epath
 
 DATASET_VERSION = "1.0.0"
 _STAGING = re.compile(r"iter-(\d+)\.jsonl$")
-_f32 = lambda x: float(np.float32(x))    # what the float32 feature gives back
+
+
+def _f32(x):
+  return float(np.float32(x))  # what the float32 feature gives back
 
 
 def episode_record(episode, iteration: int) -> dict:
   """The dataset example of one actor.Episode (plain python; floats rounded to float32)."""
   e, turns = episode, episode.turns
   shown = list(getattr(e, "tips_shown", [])) or [[] for _ in turns]
-  prompts = [next((m["content"] for m in reversed(t.messages) if m["role"] == "user"), "")
-             for t in turns]
+  prompts = [
+    next((m["content"] for m in reversed(t.messages) if m["role"] == "user"), "") for t in turns
+  ]
   return {
-      "episode_id": f"it{int(iteration):08d}-{int(e.rollout_id):05d}",
-      "iteration": int(iteration), "task": e.task, "variation": int(e.variation),
-      "group_id": int(e.group_id), "rollout_id": int(e.rollout_id), "mode": e.mode,
-      "use_memory": bool(e.use_memory), "score": _f32(e.score), "success": bool(e.success),
-      "env_failed": bool(e.env_failed), "tip": e.tip,
-      "turns": {
-          "observation": [str(o) for o in e.observations[:len(turns)]],
-          "prompt": prompts,
-          "raw_action": [t.response for t in turns],
-          "executed_action": [str(a) for a in e.executed[:len(turns)]],
-          "reward": [_f32(t.reward) for t in turns],
-          "intrinsic": [_f32(t.intrinsic) for t in turns],
-          "num_tips": [len(s) for s in shown[:len(turns)]],
-          "num_tokens": [len(t.response_ids) for t in turns],
-      },
-      "tips": [tip for s in shown[:len(turns)] for tip in s],
-      "response_ids": [int(x) for t in turns for x in t.response_ids],
-      "sampler_logprobs": [_f32(x) for t in turns for x in t.sampler_logprobs],
+    "episode_id": f"it{int(iteration):08d}-{int(e.rollout_id):05d}",
+    "iteration": int(iteration),
+    "task": e.task,
+    "variation": int(e.variation),
+    "group_id": int(e.group_id),
+    "rollout_id": int(e.rollout_id),
+    "mode": e.mode,
+    "use_memory": bool(e.use_memory),
+    "score": _f32(e.score),
+    "success": bool(e.success),
+    "env_failed": bool(e.env_failed),
+    "tip": e.tip,
+    "turns": {
+      "observation": [str(o) for o in e.observations[: len(turns)]],
+      "prompt": prompts,
+      "raw_action": [t.response for t in turns],
+      "executed_action": [str(a) for a in e.executed[: len(turns)]],
+      "reward": [_f32(t.reward) for t in turns],
+      "intrinsic": [_f32(t.intrinsic) for t in turns],
+      "num_tips": [len(s) for s in shown[: len(turns)]],
+      "num_tokens": [len(t.response_ids) for t in turns],
+    },
+    "tips": [tip for s in shown[: len(turns)] for tip in s],
+    "response_ids": [int(x) for t in turns for x in t.response_ids],
+    "sampler_logprobs": [_f32(x) for t in turns for x in t.sampler_logprobs],
   }
 
 
 def _features():
   text, f = tfds.features.Text(), tfds.features
-  return f.FeaturesDict({
-      "episode_id": text, "iteration": np.int32, "task": text, "variation": np.int32,
-      "group_id": np.int32, "rollout_id": np.int32, "mode": text, "use_memory": np.bool_,
-      "score": np.float32, "success": np.bool_, "env_failed": np.bool_, "tip": text,
-      "turns": f.Sequence({
-          "observation": text, "prompt": text, "raw_action": text, "executed_action": text,
-          "reward": np.float32, "intrinsic": np.float32, "num_tips": np.int32,
-          "num_tokens": np.int32}),
+  return f.FeaturesDict(
+    {
+      "episode_id": text,
+      "iteration": np.int32,
+      "task": text,
+      "variation": np.int32,
+      "group_id": np.int32,
+      "rollout_id": np.int32,
+      "mode": text,
+      "use_memory": np.bool_,
+      "score": np.float32,
+      "success": np.bool_,
+      "env_failed": np.bool_,
+      "tip": text,
+      "turns": f.Sequence(
+        {
+          "observation": text,
+          "prompt": text,
+          "raw_action": text,
+          "executed_action": text,
+          "reward": np.float32,
+          "intrinsic": np.float32,
+          "num_tips": np.int32,
+          "num_tokens": np.int32,
+        }
+      ),
       "tips": f.Sequence(text),
       "response_ids": f.Sequence(np.int32),
       "sampler_logprobs": f.Sequence(np.float32),
-  })
+    }
+  )
 
 
 class Empo2Episodes(tfds.core.GeneratorBasedBuilder):
@@ -92,8 +124,11 @@ class Empo2Episodes(tfds.core.GeneratorBasedBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self, description="EMPO2 training episodes (empo2_jax.data.trajectories).",
-        features=_features(), homepage="https://arxiv.org/abs/2510.23463")
+      builder=self,
+      description="EMPO2 training episodes (empo2_jax.data.trajectories).",
+      features=_features(),
+      homepage="https://arxiv.org/abs/2510.23463",
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -118,8 +153,11 @@ def write_dataset(records: Callable[[], Iterable[dict]], data_dir) -> epath.Path
   if out.exists():
     out.rmtree()
   builder = Empo2Episodes(records=records, data_dir=str(data_dir), file_format="array_record")
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-      download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS))
+  builder.download_and_prepare(
+    download_config=tfds.download.DownloadConfig(
+      download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
+    )
+  )
   return epath.Path(builder.data_dir)
 
 
@@ -156,8 +194,11 @@ class EpisodeLog:
     self.staging.mkdir(parents=True, exist_ok=True)
 
   def _files(self) -> list[tuple[int, epath.Path]]:
-    out = [(int(m.group(1)), p) for p in self.staging.glob("iter-*.jsonl")
-           if (m := _STAGING.search(p.name))]
+    out = [
+      (int(m.group(1)), p)
+      for p in self.staging.glob("iter-*.jsonl")
+      if (m := _STAGING.search(p.name))
+    ]
     return sorted(out)
 
   def write(self, iteration: int, episodes) -> epath.Path:

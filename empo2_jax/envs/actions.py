@@ -7,6 +7,7 @@ release's choice). Ties are broken by character-level similarity (rescues typos)
 words, then alphabetically, so the choice never depends on the order the simulator lists actions in
 (that order varies between runs of the same variation).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -51,8 +52,9 @@ def rank_key(text: str, candidate: str) -> tuple:
   return (-jac, -char_sim, len(candidate.split()), candidate)
 
 
-def correct_action(text: str, valid_actions: Sequence[str],
-                   fallback: str | None = DEFAULT_FALLBACK_ACTION) -> str:
+def correct_action(
+  text: str, valid_actions: Sequence[str], fallback: str | None = DEFAULT_FALLBACK_ACTION
+) -> str:
   """Returns the valid action closest to `text` by word-level Jaccard overlap.
 
   When no candidate shares a word with `text` (empty text, another language, gibberish) the result

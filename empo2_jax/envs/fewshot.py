@@ -5,6 +5,7 @@ Few-shot trajectories replay the library's gold action sequence of a TRAIN varia
 wrapper, so the observations are exactly what an agent would see. Test variations are never used;
 `gold_trajectories` checks the split itself rather than trusting its caller.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ from empo2_jax.envs.scienceworld import SciWorldEnv
 @dataclasses.dataclass(frozen=True)
 class GoldTrajectory:
   task: str
-  variation: int                      # always a train variation
+  variation: int  # always a train variation
   task_description: str
   first_observation: str
   steps: tuple[tuple[str, str], ...]  # (action, observation) pairs up to the end of the episode
@@ -43,8 +44,10 @@ def replay_gold(env: SciWorldEnv, task: str, variation: int) -> GoldTrajectory:
   """Replays the gold actions of a train variation until the episode ends. Replaces `env`'s
   current episode."""
   if variation not in env.variations(task, "train"):
-    raise ValueError(f"Variation {variation} of {task!r} is not a train variation; few-shot "
-                     "examples must never come from dev or test variations.")
+    raise ValueError(
+      f"Variation {variation} of {task!r} is not a train variation; few-shot "
+      "examples must never come from dev or test variations."
+    )
   gold = env.gold_actions(task, variation)
   first_obs, info = env.reset(task, variation)
   steps, score = [], 0
@@ -54,12 +57,19 @@ def replay_gold(env: SciWorldEnv, task: str, variation: int) -> GoldTrajectory:
     score = step_info.score
     if done:
       break
-  return GoldTrajectory(task=task, variation=variation, task_description=info.task_description,
-                        first_observation=first_obs, steps=tuple(steps), final_score=score)
+  return GoldTrajectory(
+    task=task,
+    variation=variation,
+    task_description=info.task_description,
+    first_observation=first_obs,
+    steps=tuple(steps),
+    final_score=score,
+  )
 
 
-def gold_trajectories(env: SciWorldEnv, task: str, n: int = 2,
-                      max_candidates: int = 10) -> list[GoldTrajectory]:
+def gold_trajectories(
+  env: SciWorldEnv, task: str, n: int = 2, max_candidates: int = 10
+) -> list[GoldTrajectory]:
   """`n` successful gold trajectories of `task` from train variations (see
   `few_shot_variation_order`). Replaces `env`'s current episode."""
   if n < 0:
@@ -73,19 +83,25 @@ def gold_trajectories(env: SciWorldEnv, task: str, n: int = 2,
       out.append(traj)
     if len(out) == n:
       return out
-  raise RuntimeError(f"Found only {len(out)} successful gold trajectories for {task!r} among "
-                     f"{max_candidates} train variations; raise max_candidates.")
+  raise RuntimeError(
+    f"Found only {len(out)} successful gold trajectories for {task!r} among "
+    f"{max_candidates} train variations; raise max_candidates."
+  )
 
 
-def prompt_material(env: SciWorldEnv, task: str, variation: int,
-                    few_shot: tuple[GoldTrajectory, ...] = ()) -> PromptMaterial:
+def prompt_material(
+  env: SciWorldEnv, task: str, variation: int, few_shot: tuple[GoldTrajectory, ...] = ()
+) -> PromptMaterial:
   """Resets `env` to (task, variation) and gathers what the first prompt shows. Compute
   `few_shot` once per task with `gold_trajectories` and pass it in."""
   _, info = env.reset(task, variation)
-  return PromptMaterial(task_description=info.task_description,
-                        action_templates=tuple(env.action_templates()),
-                        inventory=info.inventory, focus_items=tuple(env.focus_items()),
-                        few_shot=tuple(few_shot))
+  return PromptMaterial(
+    task_description=info.task_description,
+    action_templates=tuple(env.action_templates()),
+    inventory=info.inventory,
+    focus_items=tuple(env.focus_items()),
+    few_shot=tuple(few_shot),
+  )
 
 
 def format_trajectory(traj: GoldTrajectory) -> str:

@@ -13,6 +13,7 @@ their recorded action texts replayed, then the pending step is sent again. After
 failed replacements in one call the worker's unfinished episodes end with `env_failed=True`.
 `close()` (also run by the context manager and at interpreter exit) ends every worker and JVM.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -26,19 +27,24 @@ import traceback
 from typing import Any, Sequence
 
 from empo2_jax.envs.base import ResetInfo, ResetResult, StepInfo, StepResult, check_task
-from empo2_jax.envs.scienceworld import (ALL_TASKS, DEFAULT_JAVA_OPTIONS, SciWorldConfig,
-                                        SciWorldEnv, ScienceWorldJvm)
+from empo2_jax.envs.scienceworld import (
+  ALL_TASKS,
+  DEFAULT_JAVA_OPTIONS,
+  SciWorldConfig,
+  SciWorldEnv,
+  ScienceWorldJvm,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
   num_workers: int = 4
   java_tool_options: str = DEFAULT_JAVA_OPTIONS  # JAVA_TOOL_OPTIONS of every worker's JVM
-  call_timeout_s: float = 120.0        # a worker silent this long on a step call counts as hung
-  reset_timeout_s: float = 300.0       # the same for reset/replay calls (loads warm up the JIT)
-  start_timeout_s: float = 180.0       # worker start-up, JVM included
+  call_timeout_s: float = 120.0  # a worker silent this long on a step call counts as hung
+  reset_timeout_s: float = 300.0  # the same for reset/replay calls (loads warm up the JIT)
+  start_timeout_s: float = 180.0  # worker start-up, JVM included
   close_timeout_s: float = 15.0
-  max_retries: int = 3                 # worker replacements per call before episodes are failed
+  max_retries: int = 3  # worker replacements per call before episodes are failed
 
   def __post_init__(self):
     if self.num_workers < 1 or self.max_retries < 0:
@@ -115,7 +121,7 @@ class _Worker:
   conn: Any
   java_pid: int = 0
   java_start: str | None = None
-  dirty: bool = False              # a reply may be pending from an interrupted call
+  dirty: bool = False  # a reply may be pending from an interrupted call
   send_error: str | None = None
 
 
@@ -139,16 +145,18 @@ class _WorkerFailed(Exception):
 class EnvPool:
   """Steps many ScienceWorld episodes in `num_workers` processes; see the module docstring."""
 
-  def __init__(self, env_config: SciWorldConfig | None = None,
-               pool_config: PoolConfig | None = None):
+  def __init__(
+    self, env_config: SciWorldConfig | None = None, pool_config: PoolConfig | None = None
+  ):
     self.env_config = env_config or SciWorldConfig()
     self.config = pool_config or PoolConfig()
-    self.env_config = dataclasses.replace(self.env_config,
-                                          java_tool_options=self.config.java_tool_options)
+    self.env_config = dataclasses.replace(
+      self.env_config, java_tool_options=self.config.java_tool_options
+    )
     self._ctx = mp.get_context("spawn")
     self._workers: list[_Worker | None] = [None] * self.config.num_workers
     self._episodes: list[_Episode] = []
-    self.restarts = 0                     # worker replacements so far
+    self.restarts = 0  # worker replacements so far
     self.java_pids_started: list[int] = []
     self._closed = False
     atexit.register(self.close)
@@ -182,8 +190,10 @@ class EnvPool:
     """One step for every slot whose action is not None; returns None for the others."""
     self._check_open()
     if len(actions) != len(self._episodes):
-      raise ValueError(f"step got {len(actions)} actions for {len(self._episodes)} episodes "
-                       "(pass None for a slot that should not move).")
+      raise ValueError(
+        f"step got {len(actions)} actions for {len(self._episodes)} episodes "
+        "(pass None for a slot that should not move)."
+      )
     out: list[StepResult | None] = [None] * len(actions)
     jobs: dict[int, list] = {}
     for slot, action in enumerate(actions):
@@ -193,8 +203,10 @@ class EnvPool:
       if ep.failed:
         out[slot] = self._failed_step(slot, action)
       elif ep.done:
-        raise ValueError(f"Slot {slot} ({ep.task}, variation {ep.variation}) is done; "
-                         "pass None for it or call reset.")
+        raise ValueError(
+          f"Slot {slot} ({ep.task}, variation {ep.variation}) is done; "
+          "pass None for it or call reset."
+        )
       else:
         jobs.setdefault(ep.worker, []).append((slot, str(action)))
     replies = self._run({w: ("step", items) for w, items in jobs.items()})
@@ -256,8 +268,11 @@ class EnvPool:
     for _ in range(self.config.max_retries):
       try:
         self._replace(w)
-        live = [(s, ep) for s, ep in enumerate(self._episodes)
-                if ep.worker == w and not ep.done and not ep.failed]
+        live = [
+          (s, ep)
+          for s, ep in enumerate(self._episodes)
+          if ep.worker == w and not ep.done and not ep.failed
+        ]
         replay = [(s, ep.task, ep.variation, list(ep.actions)) for s, ep in live]
         reset_out: list = []
         if replay:
@@ -305,8 +320,9 @@ class EnvPool:
   # ----------------------------------------------------------------- worker lifecycle
   def _spawn(self) -> _Worker:
     parent, child = self._ctx.Pipe()
-    process = self._ctx.Process(target=_worker_main, args=(child, self.env_config), daemon=True,
-                                name="sciworld-worker")
+    process = self._ctx.Process(
+      target=_worker_main, args=(child, self.env_config), daemon=True, name="sciworld-worker"
+    )
     process.start()
     child.close()
     return _Worker(process=process, conn=parent)
@@ -314,8 +330,10 @@ class EnvPool:
   def _await_ready(self, handle: _Worker) -> _Worker:
     if not handle.conn.poll(self.config.start_timeout_s):
       self._kill(handle)
-      raise RuntimeError(f"A ScienceWorld worker did not start within "
-                         f"{self.config.start_timeout_s} s (PoolConfig.start_timeout_s).")
+      raise RuntimeError(
+        f"A ScienceWorld worker did not start within "
+        f"{self.config.start_timeout_s} s (PoolConfig.start_timeout_s)."
+      )
     kind, payload = handle.conn.recv()
     if kind != "ready":
       self._kill(handle)
@@ -345,14 +363,30 @@ class EnvPool:
   def _failed_reset(self, slot: int) -> ResetResult:
     ep = self._episodes[slot]
     ep.failed = True
-    info = ResetInfo(task=ep.task, variation=ep.variation, task_description="", inventory="",
-                     look="", max_steps=self.env_config.max_steps(ep.task), env_failed=True)
+    info = ResetInfo(
+      task=ep.task,
+      variation=ep.variation,
+      task_description="",
+      inventory="",
+      look="",
+      max_steps=self.env_config.max_steps(ep.task),
+      env_failed=True,
+    )
     return ResetResult("", info)
 
   def _failed_step(self, slot: int, action: str) -> StepResult:
     ep = self._episodes[slot]
-    info = StepInfo(score=ep.score, valid=False, raw_action=action, executed_action="",
-                    moves=0, steps=ep.steps, truncated=False, success=False, env_failed=True)
+    info = StepInfo(
+      score=ep.score,
+      valid=False,
+      raw_action=action,
+      executed_action="",
+      moves=0,
+      steps=ep.steps,
+      truncated=False,
+      success=False,
+      env_failed=True,
+    )
     return StepResult("", 0.0, True, info)
 
   def _check_open(self) -> None:

@@ -21,6 +21,7 @@ objects by Java identity hash codes, so without care the same variation reads di
 processes with different histories; DEFAULT_JAVA_OPTIONS pins the hash (-XX:hashCode=2) so that
 observations do not depend on what the JVM ran before (needed for exact resume).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,33 +35,70 @@ from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from scienceworld.constants import BASEPATH, JAR_PATH
 
 from empo2_jax.envs import actions
-from empo2_jax.envs.base import (ResetInfo, ResetResult, Split, StepInfo, StepResult, check_split,
-                                 check_task)
+from empo2_jax.envs.base import (
+  ResetInfo,
+  ResetResult,
+  Split,
+  StepInfo,
+  StepResult,
+  check_split,
+  check_task,
+)
 
 # The 30 tasks of ScienceWorld 1.2.3 (the simulator's own order).
 ALL_TASKS: tuple[str, ...] = (
-    "boil", "change-the-state-of-matter-of", "chemistry-mix",
-    "chemistry-mix-paint-secondary-color", "chemistry-mix-paint-tertiary-color", "find-animal",
-    "find-living-thing", "find-non-living-thing", "find-plant", "freeze", "grow-fruit",
-    "grow-plant", "identify-life-stages-1", "identify-life-stages-2",
-    "inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
-    "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived",
-    "lifespan-longest-lived-then-shortest-lived", "lifespan-shortest-lived",
-    "measure-melting-point-known-substance", "measure-melting-point-unknown-substance", "melt",
-    "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant", "power-component",
-    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity",
-    "test-conductivity-of-unknown-substances", "use-thermometer",
+  "boil",
+  "change-the-state-of-matter-of",
+  "chemistry-mix",
+  "chemistry-mix-paint-secondary-color",
+  "chemistry-mix-paint-tertiary-color",
+  "find-animal",
+  "find-living-thing",
+  "find-non-living-thing",
+  "find-plant",
+  "freeze",
+  "grow-fruit",
+  "grow-plant",
+  "identify-life-stages-1",
+  "identify-life-stages-2",
+  "inclined-plane-determine-angle",
+  "inclined-plane-friction-named-surfaces",
+  "inclined-plane-friction-unnamed-surfaces",
+  "lifespan-longest-lived",
+  "lifespan-longest-lived-then-shortest-lived",
+  "lifespan-shortest-lived",
+  "measure-melting-point-known-substance",
+  "measure-melting-point-unknown-substance",
+  "melt",
+  "mendelian-genetics-known-plant",
+  "mendelian-genetics-unknown-plant",
+  "power-component",
+  "power-component-renewable-vs-nonrenewable-energy",
+  "test-conductivity",
+  "test-conductivity-of-unknown-substances",
+  "use-thermometer",
 )
 
 # The 18 tasks the EMPO2 paper reports (SPEC §7).
 PAPER_TASKS: tuple[str, ...] = (
-    "chemistry-mix", "chemistry-mix-paint-secondary-color", "chemistry-mix-paint-tertiary-color",
-    "find-animal", "find-living-thing", "find-non-living-thing", "find-plant",
-    "identify-life-stages-1", "identify-life-stages-2", "lifespan-longest-lived",
-    "lifespan-longest-lived-then-shortest-lived", "lifespan-shortest-lived", "power-component",
-    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity",
-    "test-conductivity-of-unknown-substances", "measure-melting-point-known-substance",
-    "use-thermometer",
+  "chemistry-mix",
+  "chemistry-mix-paint-secondary-color",
+  "chemistry-mix-paint-tertiary-color",
+  "find-animal",
+  "find-living-thing",
+  "find-non-living-thing",
+  "find-plant",
+  "identify-life-stages-1",
+  "identify-life-stages-2",
+  "lifespan-longest-lived",
+  "lifespan-longest-lived-then-shortest-lived",
+  "lifespan-shortest-lived",
+  "power-component",
+  "power-component-renewable-vs-nonrenewable-energy",
+  "test-conductivity",
+  "test-conductivity-of-unknown-substances",
+  "measure-melting-point-known-substance",
+  "use-thermometer",
 )
 
 # JVM options of every ScienceWorld process. The simulator lists a room's objects in an order that
@@ -74,24 +112,30 @@ FAILURE_SCORE = -100  # what the simulator reports when the task is failed (e.g.
 @dataclasses.dataclass(frozen=True)
 class SciWorldConfig:
   """Every number of the ScienceWorld setup; defaults are the paper's (SPEC §7)."""
+
   simplification: str = "easy"
-  env_step_limit: int = 100          # simulator moves before it ends the episode
-  default_max_steps: int = 30        # agent steps per episode, unless overridden below
+  env_step_limit: int = 100  # simulator moves before it ends the episode
+  default_max_steps: int = 30  # agent steps per episode, unless overridden below
   max_steps_overrides: tuple[tuple[str, int], ...] = (
-      ("chemistry-mix", 60), ("measure-melting-point-known-substance", 120), ("boil", 100),
-      ("grow-fruit", 60))
-  num_train_rows: int = 5            # first train variations used as training rows
+    ("chemistry-mix", 60),
+    ("measure-melting-point-known-substance", 120),
+    ("boil", 100),
+    ("grow-fruit", 60),
+  )
+  num_train_rows: int = 5  # first train variations used as training rows
   num_dev_rows: int = 20
-  num_test_rows: int = 20            # first test variations used for evaluation
-  success_score: int = 70            # success = done and score > success_score
+  num_test_rows: int = 20  # first test variations used for evaluation
+  success_score: int = 70  # success = done and score > success_score
   fallback_action: str = actions.DEFAULT_FALLBACK_ACTION
-  action_correction: str = "on_reject"   # or "always" (the release): see the module docstring
+  action_correction: str = "on_reject"  # or "always" (the release): see the module docstring
   java_tool_options: str = DEFAULT_JAVA_OPTIONS
 
   def __post_init__(self):
     if self.action_correction not in actions.CORRECTION_MODES:
-      raise ValueError(f"action_correction={self.action_correction!r}; valid: "
-                       f"{', '.join(actions.CORRECTION_MODES)}")
+      raise ValueError(
+        f"action_correction={self.action_correction!r}; valid: "
+        f"{', '.join(actions.CORRECTION_MODES)}"
+      )
     for task, _ in self.max_steps_overrides:
       check_task(task, ALL_TASKS)
 
@@ -101,8 +145,9 @@ class SciWorldConfig:
 
   def num_rows(self, split: Split) -> int:
     check_split(split)
-    return {"train": self.num_train_rows, "dev": self.num_dev_rows,
-            "test": self.num_test_rows}[split]
+    return {"train": self.num_train_rows, "dev": self.num_dev_rows, "test": self.num_test_rows}[
+      split
+    ]
 
 
 @contextlib.contextmanager
@@ -128,11 +173,17 @@ class ScienceWorldJvm:
 
   def __init__(self, java_tool_options: str | None = DEFAULT_JAVA_OPTIONS):
     with _env_var("JAVA_TOOL_OPTIONS", java_tool_options):
-      port, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH,
-                                  return_proc=True, create_new_process_group=True)
+      port, proc = launch_gateway(
+        classpath=JAR_PATH,
+        die_on_exit=True,
+        cwd=BASEPATH,
+        return_proc=True,
+        create_new_process_group=True,
+      )
     self.process: subprocess.Popen = proc
-    self._gateway = JavaGateway(gateway_parameters=GatewayParameters(auto_field=True, port=port),
-                                java_process=proc)
+    self._gateway = JavaGateway(
+      gateway_parameters=GatewayParameters(auto_field=True, port=port), java_process=proc
+    )
     self._closed = False
 
   @property
@@ -205,7 +256,7 @@ class SciWorldEnv:
 
   def rows(self, task: str, split: Split) -> list[int]:
     """The variations used for `split`: the first `config.num_rows(split)` of it (SPEC §7)."""
-    return self.variations(task, split)[:self.config.num_rows(split)]
+    return self.variations(task, split)[: self.config.num_rows(split)]
 
   def gold_actions(self, task: str, variation: int) -> list[str]:
     """The library's gold action sequence for (task, variation); leaves the episode untouched."""
@@ -229,18 +280,24 @@ class SciWorldEnv:
     self._last_score = 0
     self._steps = 0
     self._done = False
-    info = ResetInfo(task=task, variation=variation,
-                     task_description=str(server.getTaskDescription()),
-                     inventory=self.inventory(), look=self.look(),
-                     max_steps=self.config.max_steps(task))
+    info = ResetInfo(
+      task=task,
+      variation=variation,
+      task_description=str(server.getTaskDescription()),
+      inventory=self.inventory(),
+      look=self.look(),
+      max_steps=self.config.max_steps(task),
+    )
     return ResetResult(observation, info)
 
   def step(self, action_text: str) -> StepResult:
     if self._task is None:
       raise RuntimeError("SciWorldEnv.step called before reset(task, variation).")
     if self._done:
-      raise RuntimeError(f"The episode ({self._task}, variation {self._variation}) is over; "
-                         "call reset before stepping again.")
+      raise RuntimeError(
+        f"The episode ({self._task}, variation {self._variation}) is over; "
+        "call reset before stepping again."
+      )
     text = actions.normalize_action(action_text)
     if self.config.action_correction == "always":
       valid_now = self.valid_actions()
@@ -251,8 +308,9 @@ class SciWorldEnv:
       observation, executed = self._send(text)
       valid = observation != actions.PARSER_REJECTION
       if not valid:
-        executed = actions.correct_action(text, self.valid_actions(),
-                                          fallback=self.config.fallback_action)
+        executed = actions.correct_action(
+          text, self.valid_actions(), fallback=self.config.fallback_action
+        )
         observation, executed = self._send(executed)
     return self._finish_step(observation, action_text, executed, valid)
 
@@ -278,9 +336,16 @@ class SciWorldEnv:
     truncated = not sim_done and self._steps >= self.config.max_steps(self._task)
     done = sim_done or truncated
     self._done = done
-    info = StepInfo(score=score, valid=valid, raw_action=raw, executed_action=executed,
-                    moves=moves, steps=self._steps, truncated=truncated,
-                    success=done and score > self.config.success_score)
+    info = StepInfo(
+      score=score,
+      valid=valid,
+      raw_action=raw,
+      executed_action=executed,
+      moves=moves,
+      steps=self._steps,
+      truncated=truncated,
+      success=done and score > self.config.success_score,
+    )
     return StepResult(observation, float(reward), done, info)
 
   def _score(self) -> int:
@@ -298,7 +363,7 @@ class SciWorldEnv:
   def focus_items(self) -> list[str]:
     """Objects the agent may currently `focus on` (focusing on a wrong one fails the task)."""
     prefix = "focus on "
-    return sorted(a[len(prefix):] for a in self.valid_actions() if a.startswith(prefix))
+    return sorted(a[len(prefix) :] for a in self.valid_actions() if a.startswith(prefix))
 
   def inventory(self) -> str:
     return str(self._server.freeActionInventory())
@@ -332,5 +397,4 @@ class SciWorldEnv:
   def _check_variation(self, task: str, variation: int) -> None:
     n = self.max_variations(task)
     if not isinstance(variation, numbers.Integral) or not 0 <= variation < n:
-      raise ValueError(f"Variation {variation!r} is out of range for task {task!r} "
-                       f"(0..{n - 1}).")
+      raise ValueError(f"Variation {variation!r} is out of range for task {task!r} (0..{n - 1}).")

@@ -7,6 +7,7 @@ Runs a few prompts through both, prints per-prompt figures, and as its last line
 `max_abs_diff=<float> kl=<float>`; exits 1 when either exceeds its tolerance.
 torch and transformers are needed only here (dev dependencies), never by the package itself.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,19 +16,21 @@ import numpy as np
 from absl import app, flags
 
 PROMPTS = [
-    "Hello, world!",
-    "You are in the kitchen. You see a fridge, a stove and a thermometer.",
-    "Task: focus on the animal with the longest lifespan, then the shortest.",
-    "def add(a, b):\n    return a + b\n",
+  "Hello, world!",
+  "You are in the kitchen. You see a fridge, a stove and a thermometer.",
+  "Task: focus on the animal with the longest lifespan, then the shortest.",
+  "def add(a, b):\n    return a + b\n",
 ]
 
 _DIR = flags.DEFINE_string("hf_dir", None, "Hugging Face Llama/Qwen2 checkpoint directory")
 _GGUF = flags.DEFINE_string("gguf", None, "a llama.cpp .gguf file (instead of --hf_dir)")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "our compute dtype")
-_TOL = flags.DEFINE_float("max_abs_diff", None, "tolerance on |logit diff| (default: 1e-3 fp32, "
-                          "inf for bf16)")
-_KL_TOL = flags.DEFINE_float("max_kl", None, "tolerance on mean KL(hf||ours) (default 1e-4 fp32, "
-                             "1e-2 bf16)")
+_TOL = flags.DEFINE_float(
+  "max_abs_diff", None, "tolerance on |logit diff| (default: 1e-3 fp32, inf for bf16)"
+)
+_KL_TOL = flags.DEFINE_float(
+  "max_kl", None, "tolerance on mean KL(hf||ours) (default 1e-4 fp32, 1e-2 bf16)"
+)
 
 
 def _log_softmax(x):
@@ -49,12 +52,12 @@ def compare(path: str, dtype: str = "float32"):
   config, params = hf.load_checkpoint(path, dtype="float32", compute_dtype=dtype)
   try:
     tok = load_tokenizer(path)
-  except (FileNotFoundError, OSError, ValueError):   # weights only: any ids do
+  except (FileNotFoundError, OSError, ValueError):  # weights only: any ids do
     tok = load_tokenizer()
   if hf.is_gguf(path):
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                                 gguf_file=os.path.basename(path),
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path), dtype=torch.float32
+    )
   else:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
   model.eval()

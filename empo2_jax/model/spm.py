@@ -10,6 +10,7 @@ Supported: model_type BPE with the identity normalizer and remove_extra_whitespa
 Llama/Mistral ship). Anything else raises an error naming the field; such a directory needs a
 tokenizer.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ SPACE = "\u2581"
 def read_model(path: str):
   """The parsed ModelProto of a tokenizer.model file."""
   from sentencepiece import sentencepiece_model_pb2
+
   proto = sentencepiece_model_pb2.ModelProto()
   with open(path, "rb") as f:
     proto.ParseFromString(f.read())
@@ -43,9 +45,11 @@ def _check_supported(proto, path: str) -> None:
   if t.treat_whitespace_as_suffix:
     problems.append("trainer_spec.treat_whitespace_as_suffix=true")
   if problems:
-    raise ValueError(f"{path}: SentencePiece settings not supported without a tokenizer.json: "
-                     f"{'; '.join(problems)}. Add a tokenizer.json (e.g. saved by transformers) "
-                     "to the directory")
+    raise ValueError(
+      f"{path}: SentencePiece settings not supported without a tokenizer.json: "
+      f"{'; '.join(problems)}. Add a tokenizer.json (e.g. saved by transformers) "
+      "to the directory"
+    )
 
 
 def merges_from_scores(pieces: dict[str, float]) -> list[tuple[str, str]]:
@@ -67,26 +71,54 @@ def tokenizer_json(proto) -> dict:
   t, n = proto.trainer_spec, proto.normalizer_spec
   vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
   mergeable = {p.piece: p.score for p in proto.pieces if p.type == _NORMAL}
-  added = [{"id": i, "content": p.piece, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": p.type != _USER_DEFINED}
-           for i, p in enumerate(proto.pieces) if p.type in (_UNKNOWN, _CONTROL, _USER_DEFINED)]
+  added = [
+    {
+      "id": i,
+      "content": p.piece,
+      "single_word": False,
+      "lstrip": False,
+      "rstrip": False,
+      "normalized": False,
+      "special": p.type != _USER_DEFINED,
+    }
+    for i, p in enumerate(proto.pieces)
+    if p.type in (_UNKNOWN, _CONTROL, _USER_DEFINED)
+  ]
   replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
-  normalizer = ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE},
-                                                     replace]}
-                if n.add_dummy_prefix else replace)
-  decoders = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
-              {"type": "ByteFallback"}, {"type": "Fuse"}]
+  normalizer = (
+    {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE}, replace]}
+    if n.add_dummy_prefix
+    else replace
+  )
+  decoders = [
+    {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
+    {"type": "ByteFallback"},
+    {"type": "Fuse"},
+  ]
   if n.add_dummy_prefix:
     decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
   unk = proto.pieces[t.unk_id].piece if 0 <= t.unk_id < len(proto.pieces) else None
   return {
-      "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-      "normalizer": normalizer, "pre_tokenizer": None, "post_processor": None,
-      "decoder": {"type": "Sequence", "decoders": decoders},
-      "model": {"type": "BPE", "dropout": None, "unk_token": unk,
-                "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                "fuse_unk": True, "byte_fallback": bool(t.byte_fallback), "ignore_merges": False,
-                "vocab": vocab, "merges": [list(m) for m in merges_from_scores(mergeable)]},
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": added,
+    "normalizer": normalizer,
+    "pre_tokenizer": None,
+    "post_processor": None,
+    "decoder": {"type": "Sequence", "decoders": decoders},
+    "model": {
+      "type": "BPE",
+      "dropout": None,
+      "unk_token": unk,
+      "continuing_subword_prefix": None,
+      "end_of_word_suffix": None,
+      "fuse_unk": True,
+      "byte_fallback": bool(t.byte_fallback),
+      "ignore_merges": False,
+      "vocab": vocab,
+      "merges": [list(m) for m in merges_from_scores(mergeable)],
+    },
   }
 
 
@@ -99,6 +131,7 @@ def load_spm_tokenizer(directory: str, model_file: str = "tokenizer.model"):
   """
   from tokenizers import Tokenizer, processors
   from transformers import PreTrainedTokenizerFast
+
   path = os.path.join(directory, model_file)
   proto = read_model(path)
   _check_supported(proto, path)
@@ -113,20 +146,26 @@ def load_spm_tokenizer(directory: str, model_file: str = "tokenizer.model"):
   if os.path.exists(cfg_path):
     with open(cfg_path, encoding="utf-8") as f:
       cfg = json.load(f)
-  token = lambda name, default: _content(cfg.get(name, default))
-  kw = dict(bos_token=token("bos_token", piece(t.bos_id)),
-            eos_token=token("eos_token", piece(t.eos_id)),
-            unk_token=token("unk_token", piece(t.unk_id)),
-            pad_token=token("pad_token", piece(t.pad_id)))
+
+  def token(name, default):
+    return _content(cfg.get(name, default))
+
+  kw = dict(
+    bos_token=token("bos_token", piece(t.bos_id)),
+    eos_token=token("eos_token", piece(t.eos_id)),
+    unk_token=token("unk_token", piece(t.unk_id)),
+    pad_token=token("pad_token", piece(t.pad_id)),
+  )
   prefix = [kw["bos_token"]] if cfg.get("add_bos_token", False) and kw["bos_token"] else []
   suffix = [kw["eos_token"]] if cfg.get("add_eos_token", False) and kw["eos_token"] else []
   if prefix or suffix:
     single = " ".join(prefix + ["$A"] + suffix)
     backend.post_processor = processors.TemplateProcessing(
-        single=single, pair=" ".join(prefix + ["$A"] + suffix + prefix + ["$B"] + suffix),
-        special_tokens=[(s, backend.token_to_id(s)) for s in sorted(set(prefix + suffix))])
-  tok = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False,
-                                **kw)
+      single=single,
+      pair=" ".join(prefix + ["$A"] + suffix + prefix + ["$B"] + suffix),
+      special_tokens=[(s, backend.token_to_id(s)) for s in sorted(set(prefix + suffix))],
+    )
+  tok = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False, **kw)
   template = cfg.get("chat_template")
   jinja = os.path.join(directory, "chat_template.jinja")
   if template is None and os.path.exists(jinja):

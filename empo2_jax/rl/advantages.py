@@ -12,6 +12,7 @@ Input format: flat arrays with one entry per turn (any order), all of length N:
 Groups of a single member (one turn, one rollout, one anchor state) get advantage 0: there is no
 baseline to compare against. Groups whose scores are all equal get exactly 0 (never NaN).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -77,8 +78,20 @@ def discounted_returns(rollout_ids, steps, rewards, gamma):
   return out
 
 
-def gigpo_advantages(group_ids, rollout_ids, steps, obs_keys, returns, rewards, *, gamma=0.95,
-                     step_weight=1.0, use_std=True, ddof=1, eps=1e-6):
+def gigpo_advantages(
+  group_ids,
+  rollout_ids,
+  steps,
+  obs_keys,
+  returns,
+  rewards,
+  *,
+  gamma=0.95,
+  step_weight=1.0,
+  use_std=True,
+  ddof=1,
+  eps=1e-6,
+):
   """GiGPO (Feng et al. 2025): A = A_episode + w * A_step. [N] float32.
 
   A_episode: the rollout's return normalised over the n rollouts of its group.
@@ -92,8 +105,9 @@ def gigpo_advantages(group_ids, rollout_ids, steps, obs_keys, returns, rewards, 
   roll_group = np.empty(n_roll, dtype=object)
   roll_group[rid] = list(group_ids)
   gid, n_groups = _group_index(list(roll_group))
-  a_episode = _normalise_in_groups(roll_return, gid, n_groups, use_std=use_std, ddof=ddof,
-                                   eps=eps)[rid]
+  a_episode = _normalise_in_groups(roll_return, gid, n_groups, use_std=use_std, ddof=ddof, eps=eps)[
+    rid
+  ]
   g = discounted_returns(rollout_ids, steps, rewards, gamma)
   aid, n_anchor = _group_index(list(zip(group_ids, obs_keys)))
   a_step = _normalise_in_groups(g, aid, n_anchor, use_std=use_std, ddof=ddof, eps=eps)

@@ -13,6 +13,7 @@ mini-batch. Params (fp32 masters unless the request says otherwise: the update r
 storage) and AdamW state are sharded by the QWEN2_RULES, rows over (data, fsdp). Memory hardly
 depends on the number of mini-batches (their rows are data, processed one at a time).
 """
+
 from __future__ import annotations
 
 import jax
@@ -36,9 +37,16 @@ def abstract_batch(mesh, rows: int, length: int, response_len: int = RESPONSE_LE
 
   tok = s((rows, length), jnp.int32)
   resp = s((rows, response_len), jnp.float32)
-  return {"cur_tokens": tok, "cur_attn": tok, "old_tokens": tok, "old_attn": tok,
-          "response_mask": resp, "sampler_logp": resp, "advantages": s((rows,), jnp.float32),
-          "sample_index": s((rows,), jnp.int32)}
+  return {
+    "cur_tokens": tok,
+    "cur_attn": tok,
+    "old_tokens": tok,
+    "old_attn": tok,
+    "response_mask": resp,
+    "sampler_logp": resp,
+    "advantages": s((rows,), jnp.float32),
+    "sample_index": s((rows,), jnp.int32),
+  }
 
 
 def update_flops(config, rows: int, length: int, response_len: int) -> float:
@@ -55,22 +63,29 @@ def _train_step(config, mesh, req):
     raise ValueError(f"seq={req.seq} must exceed the response length {RESPONSE_LEN}")
   minibatch = min(UpdateConfig.minibatch_size, req.batch)
   if req.batch % minibatch:
-    raise ValueError(f"batch={req.batch} must be a multiple of the mini-batch size {minibatch} "
-                     "(UpdateConfig.minibatch_size)")
+    raise ValueError(
+      f"batch={req.batch} must be a multiple of the mini-batch size {minibatch} "
+      "(UpdateConfig.minibatch_size)"
+    )
   if minibatch % req.num_microbatches:
-    raise ValueError(f"the mini-batch of {minibatch} rows must be a multiple of microbatches="
-                     f"{req.num_microbatches}")
+    raise ValueError(
+      f"the mini-batch of {minibatch} rows must be a multiple of microbatches="
+      f"{req.num_microbatches}"
+    )
   # The cost probe (aot._probe_cost) asks for loss_chunk == seq and one micro-batch: then project
   # the whole vocabulary in one chunk, as XLA counts a loop body once.
   chunk = config.vocab_size if req.loss_chunk == req.seq else VOCAB_CHUNK
-  cfg = UpdateConfig(minibatch_size=minibatch, micro_rows=minibatch // req.num_microbatches,
-                     vocab_chunk=chunk)
+  cfg = UpdateConfig(
+    minibatch_size=minibatch, micro_rows=minibatch // req.num_microbatches, vocab_chunk=chunk
+  )
   opt = make_optimizer(cfg)
   state = jax.eval_shape(
-      lambda: init_train_state(qwen2.init_params(config, jax.random.key(0)), opt))
+    lambda: init_train_state(qwen2.init_params(config, jax.random.key(0)), opt)
+  )
   state = shd.abstract_on_mesh(state, mesh)
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
-  fn = make_update_fn(config, cfg, opt, batch_sharding=shd.batch_sharding(mesh),
-                      state_sharding=state_sharding)
+  fn = make_update_fn(
+    config, cfg, opt, batch_sharding=shd.batch_sharding(mesh), state_sharding=state_sharding
+  )
   batch = abstract_batch(mesh, req.batch, req.seq)
   return Program(fn, (state, batch), update_flops(config, req.batch, req.seq, RESPONSE_LEN))

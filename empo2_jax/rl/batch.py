@@ -30,6 +30,7 @@ The prompt is left-padded to P and the response right-padded to R, so the respon
 the last R columns (rl/logprobs.response_logprobs relies on that). P and B are rounded up to a few
 bucketed sizes so that the jitted update sees few distinct shapes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,11 +79,11 @@ class BatchConfig:
 
   def __post_init__(self):
     if self.ratio_variant not in RATIO_VARIANTS:
-      raise ValueError(f"ratio_variant must be one of {RATIO_VARIANTS}, "
-                       f"got {self.ratio_variant!r}")
+      raise ValueError(f"ratio_variant must be one of {RATIO_VARIANTS}, got {self.ratio_variant!r}")
     if self.prompt_len_check not in PROMPT_LEN_CHECKS:
-      raise ValueError(f"prompt_len_check must be one of {PROMPT_LEN_CHECKS}, "
-                       f"got {self.prompt_len_check!r}")
+      raise ValueError(
+        f"prompt_len_check must be one of {PROMPT_LEN_CHECKS}, got {self.prompt_len_check!r}"
+      )
     if self.bucket_growth <= 1.0:
       raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
 
@@ -115,7 +116,7 @@ def bucket_size(n: int, multiple: int, growth: float) -> int:
   size, k = 1, 0
   while size < units:
     k += 1
-    size = max(size + 1, math.ceil(growth ** k))
+    size = max(size + 1, math.ceil(growth**k))
   return size * multiple
 
 
@@ -128,16 +129,24 @@ def turn_advantages(turns: Sequence[Turn], estimator: str, **kwargs) -> np.ndarr
   g = [t.group_id for t in turns]
   r = [t.rollout_id for t in turns]
   if estimator == "grpo_step":
-    return adv_lib.grpo_step_advantages(g, [t.episode_return for t in turns],
-                                        [t.intrinsic for t in turns], **kwargs)
+    return adv_lib.grpo_step_advantages(
+      g, [t.episode_return for t in turns], [t.intrinsic for t in turns], **kwargs
+    )
   if estimator == "grpo_rollout":
     return adv_lib.rollout_advantages(g, r, [t.reward + t.intrinsic for t in turns], **kwargs)
   if estimator == "gigpo":
-    return adv_lib.gigpo_advantages(g, r, [t.step for t in turns], [t.obs_key for t in turns],
-                                    [t.episode_return for t in turns],
-                                    [t.reward for t in turns], **kwargs)
-  raise ValueError(f"unknown advantage estimator {estimator!r}; "
-                   "valid: grpo_step, grpo_rollout, gigpo")
+    return adv_lib.gigpo_advantages(
+      g,
+      r,
+      [t.step for t in turns],
+      [t.obs_key for t in turns],
+      [t.episode_return for t in turns],
+      [t.reward for t in turns],
+      **kwargs,
+    )
+  raise ValueError(
+    f"unknown advantage estimator {estimator!r}; valid: grpo_step, grpo_rollout, gigpo"
+  )
 
 
 def _tokenize_views(tokenizer, turns, needed):
@@ -159,9 +168,12 @@ def _select(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig):
     raise ValueError(f"{len(advantages)} advantages for {len(turns)} turns")
   plan = [views_for(t.mode, cfg.ratio_variant) for t in turns]
   needed = {(i, v) for i, views in enumerate(plan) for v in views}
-  if cfg.prompt_len_check == "tip_free":   # a turn without tip blocks: its "tips" view is tip-free
-    needed |= {(i, "notips") for i, t in enumerate(turns)
-               if any(TIP_BLOCK_RE.search(m["content"]) for m in t.messages)}
+  if cfg.prompt_len_check == "tip_free":  # a turn without tip blocks: its "tips" view is tip-free
+    needed |= {
+      (i, "notips")
+      for i, t in enumerate(turns)
+      if any(TIP_BLOCK_RE.search(m["content"]) for m in t.messages)
+    }
   ids = _tokenize_views(tokenizer, turns, needed)
 
   def checked_len(i):
@@ -172,21 +184,28 @@ def _select(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig):
   keep, n_long_prompt, n_long_resp = [], 0, 0
   for i, t in enumerate(turns):
     if len(t.response_ids) != len(t.sampler_logprobs):
-      raise ValueError(f"turn {i}: {len(t.response_ids)} response ids but "
-                       f"{len(t.sampler_logprobs)} sampler log-probs")
+      raise ValueError(
+        f"turn {i}: {len(t.response_ids)} response ids but "
+        f"{len(t.sampler_logprobs)} sampler log-probs"
+      )
     if len(t.response_ids) > cfg.response_len:
       n_long_resp += 1
     elif checked_len(i) > cfg.max_prompt_len:
       n_long_prompt += 1
     else:
       keep.append(i)
-  stats = {"n_turns": len(turns), "n_dropped_prompt": n_long_prompt,
-           "n_dropped_response": n_long_resp, "n_samples": len(keep)}
+  stats = {
+    "n_turns": len(turns),
+    "n_dropped_prompt": n_long_prompt,
+    "n_dropped_response": n_long_resp,
+    "n_samples": len(keep),
+  }
   return advantages, plan, ids, keep, stats
 
 
-def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
-                num_rows: Optional[int] = None) -> tuple[dict, dict[str, Any]]:
+def build_batch(
+  turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig, num_rows: Optional[int] = None
+) -> tuple[dict, dict[str, Any]]:
   """Turns + advantages [N] -> (batch dict of numpy arrays, stats), one row per turn.
 
   num_rows forces B (e.g. a fixed shape for AOT); otherwise B is bucketed.
@@ -195,40 +214,42 @@ def build_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
   """
   advantages, plan, ids, keep, stats = _select(turns, advantages, tokenizer, cfg)
   longest = max([len(ids[(i, v)]) for i in keep for v in plan[i]], default=1)
-  p_len = min(bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth),
-              max(cfg.max_prompt_len, longest))
+  p_len = min(
+    bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth), max(cfg.max_prompt_len, longest)
+  )
   rows = num_rows or bucket_size(max(len(keep), 1), cfg.row_multiple, cfg.bucket_growth)
   if rows < len(keep):
     raise ValueError(f"num_rows={rows} < {len(keep)} samples")
   R, L = cfg.response_len, p_len + cfg.response_len
   out = {
-      "cur_tokens": np.full((rows, L), cfg.pad_id, np.int32),
-      "cur_attn": np.zeros((rows, L), np.int32),
-      "old_tokens": np.full((rows, L), cfg.pad_id, np.int32),
-      "old_attn": np.zeros((rows, L), np.int32),
-      "response_mask": np.zeros((rows, R), np.float32),
-      "sampler_logp": np.zeros((rows, R), np.float32),
-      "advantages": np.zeros((rows,), np.float32),
-      "sample_index": np.full((rows,), -1, np.int32),
+    "cur_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+    "cur_attn": np.zeros((rows, L), np.int32),
+    "old_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+    "old_attn": np.zeros((rows, L), np.int32),
+    "response_mask": np.zeros((rows, R), np.float32),
+    "sampler_logp": np.zeros((rows, R), np.float32),
+    "advantages": np.zeros((rows,), np.float32),
+    "sample_index": np.full((rows,), -1, np.int32),
   }
   for row, i in enumerate(keep):
     t = turns[i]
     resp = np.asarray(t.response_ids, np.int32)
     for prefix, view in zip(("cur", "old"), plan[i]):
       p = ids[(i, view)]
-      out[f"{prefix}_tokens"][row, p_len - len(p):p_len] = p
-      out[f"{prefix}_attn"][row, p_len - len(p):p_len + len(resp)] = 1
-      out[f"{prefix}_tokens"][row, p_len:p_len + len(resp)] = resp
-    out["response_mask"][row, :len(resp)] = 1.0
-    out["sampler_logp"][row, :len(resp)] = t.sampler_logprobs
+      out[f"{prefix}_tokens"][row, p_len - len(p) : p_len] = p
+      out[f"{prefix}_attn"][row, p_len - len(p) : p_len + len(resp)] = 1
+      out[f"{prefix}_tokens"][row, p_len : p_len + len(resp)] = resp
+    out["response_mask"][row, : len(resp)] = 1.0
+    out["sampler_logp"][row, : len(resp)] = t.sampler_logprobs
     out["advantages"][row] = advantages[i]
     out["sample_index"][row] = i
   stats.update(rows=rows, prompt_len=p_len, tokens=int(out["cur_attn"].sum()))
   return out, stats
 
 
-def build_packed_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig,
-                       num_rows: Optional[int] = None) -> tuple[dict, dict[str, Any]]:
+def build_packed_batch(
+  turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig, num_rows: Optional[int] = None
+) -> tuple[dict, dict[str, Any]]:
   """Turns + advantages [N] -> (batch, stats) in the episode-packed layout (rl/packing.py).
 
   The kept turns of one episode (same rollout_id, in step order) share a row per view as long as
@@ -245,11 +266,13 @@ def build_packed_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchC
   episodes: dict = {}
   for i in keep:
     episodes.setdefault(turns[i].rollout_id, []).append(i)
-  packed = []          # (turn indices, cur PackedRow, old PackedRow)
+  packed = []  # (turn indices, cur PackedRow, old PackedRow)
   for members in episodes.values():
     members.sort(key=lambda i: turns[i].step)
-    views = {"cur": [ids[(i, plan[i][0])] for i in members],
-             "old": [ids[(i, plan[i][1])] for i in members]}
+    views = {
+      "cur": [ids[(i, plan[i][0])] for i in members],
+      "old": [ids[(i, plan[i][1])] for i in members],
+    }
     for row in pack_views(views, [turns[i].response_ids for i in members]):
       packed.append(([members[t] for t in row["cur"].turn_ids], row["cur"], row["old"]))
   R = cfg.response_len
@@ -260,28 +283,33 @@ def build_packed_batch(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchC
   if rows < len(packed):
     raise ValueError(f"num_rows={rows} < {len(packed)} packed rows")
   out = {
-      "cur_tokens": np.full((rows, L), cfg.pad_id, np.int32),
-      "cur_attn": np.zeros((rows, L), np.int32),
-      "old_tokens": np.full((rows, L), cfg.pad_id, np.int32),
-      "old_attn": np.zeros((rows, L), np.int32),
-      "cur_starts": np.ones((rows, T), np.int32),
-      "old_starts": np.ones((rows, T), np.int32),
-      "response_mask": np.zeros((rows, T, R), np.float32),
-      "sampler_logp": np.zeros((rows, T, R), np.float32),
-      "advantages": np.zeros((rows, T), np.float32),
-      "sample_index": np.full((rows, T), -1, np.int32),
+    "cur_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+    "cur_attn": np.zeros((rows, L), np.int32),
+    "old_tokens": np.full((rows, L), cfg.pad_id, np.int32),
+    "old_attn": np.zeros((rows, L), np.int32),
+    "cur_starts": np.ones((rows, T), np.int32),
+    "old_starts": np.ones((rows, T), np.int32),
+    "response_mask": np.zeros((rows, T, R), np.float32),
+    "sampler_logp": np.zeros((rows, T, R), np.float32),
+    "advantages": np.zeros((rows, T), np.float32),
+    "sample_index": np.full((rows, T), -1, np.int32),
   }
   for b, (members, cur, old) in enumerate(packed):
     for prefix, row in (("cur", cur), ("old", old)):
-      out[f"{prefix}_tokens"][b, :len(row.tokens)] = row.tokens
-      out[f"{prefix}_attn"][b, :len(row.tokens)] = 1
-      out[f"{prefix}_starts"][b, :len(row.spans)] = [start for start, _ in row.spans]
+      out[f"{prefix}_tokens"][b, : len(row.tokens)] = row.tokens
+      out[f"{prefix}_attn"][b, : len(row.tokens)] = 1
+      out[f"{prefix}_starts"][b, : len(row.spans)] = [start for start, _ in row.spans]
     for k, i in enumerate(members):
       n = len(turns[i].response_ids)
       out["response_mask"][b, k, :n] = 1.0
       out["sampler_logp"][b, k, :n] = turns[i].sampler_logprobs
       out["advantages"][b, k] = advantages[i]
       out["sample_index"][b, k] = i
-  stats.update(rows=rows, prompt_len=L, turns_per_row=T, packed_rows=len(packed),
-               tokens=int(out["cur_attn"].sum()))
+  stats.update(
+    rows=rows,
+    prompt_len=L,
+    turns_per_row=T,
+    packed_rows=len(packed),
+    tokens=int(out["cur_attn"].sum()),
+  )
   return out, stats

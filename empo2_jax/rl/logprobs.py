@@ -10,6 +10,7 @@ smaller tail chunk (no padding copy of `w`).
 With temperature tau the distribution is softmax(h @ w / tau), as the sampler draws it.
 Entropy H = logZ - E_p[z]; dlogp/dz = onehot - p; dH/dz = -p (z - E_p[z]).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,7 +42,7 @@ def _scan_chunks(body, carry, w, chunk_size):
   carry, ys = jax.lax.scan(step, carry, jnp.arange(n_full))
   y_tail = None
   if tail:
-    carry, y_tail = body(carry, w[:, n_full * size:], n_full * size)
+    carry, y_tail = body(carry, w[:, n_full * size :], n_full * size)
   return carry, ys, y_tail
 
 
@@ -65,8 +66,12 @@ def _stats(h, w, targets, inv_temp, chunk_size):
     tgt = tgt + jnp.sum(jnp.where(hit, z, 0.0), axis=-1)
     return (m_new, s, ez_sum, tgt), None
 
-  init = (jnp.full((n,), -jnp.inf, F32), jnp.zeros((n,), F32), jnp.zeros((n,), F32),
-          jnp.zeros((n,), F32))
+  init = (
+    jnp.full((n,), -jnp.inf, F32),
+    jnp.zeros((n,), F32),
+    jnp.zeros((n,), F32),
+    jnp.zeros((n,), F32),
+  )
   (m, s, ez_sum, tgt), _, _ = _scan_chunks(body, init, w, chunk_size)
   return m + jnp.log(s), tgt, ez_sum / s
 
@@ -133,8 +138,17 @@ def naive_token_logprobs(h, w, targets, *, temperature=1.0, with_entropy=False):
   return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
 
 
-def response_logprobs(params, config, tokens_bl, attn_bl, response_len, *, temperature=1.0,
-                      chunk_size=8192, with_entropy=False):
+def response_logprobs(
+  params,
+  config,
+  tokens_bl,
+  attn_bl,
+  response_len,
+  *,
+  temperature=1.0,
+  chunk_size=8192,
+  with_entropy=False,
+):
   """Log-probs of the last `response_len` positions of each row (the response block).
 
   tokens_bl / attn_bl [B, L]: prompt left-padded, response right-padded (see rl/batch.py), so the
@@ -143,8 +157,14 @@ def response_logprobs(params, config, tokens_bl, attn_bl, response_len, *, tempe
   """
   length = tokens_bl.shape[1]
   hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
-  h_brd = hidden[:, length - response_len - 1:length - 1]
-  targets_br = tokens_bl[:, length - response_len:]
+  h_brd = hidden[:, length - response_len - 1 : length - 1]
+  targets_br = tokens_bl[:, length - response_len :]
   w_dv = qwen2.output_embedding(params, config)
-  return token_logprobs(h_brd, w_dv, targets_br, temperature=temperature, chunk_size=chunk_size,
-                        with_entropy=with_entropy)
+  return token_logprobs(
+    h_brd,
+    w_dv,
+    targets_br,
+    temperature=temperature,
+    chunk_size=chunk_size,
+    with_entropy=with_entropy,
+  )

@@ -12,6 +12,7 @@ Aggregation with gradient accumulation: pass `token_denom` / `seq_denom` = the c
 optimizer mini-batch, then the per-micro-batch losses (and metrics) simply add up to the mini-batch
 value. Left as None, they are the counts of the arrays given.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,8 +85,19 @@ def aggregate(x_br, mask_br, agg, token_denom=None, seq_denom=None):
   return jnp.sum(per_seq) / jnp.maximum(denom, 1)
 
 
-def policy_loss(logp_br, old_logp_br, adv, mask_br, cfg: LossConfig, *, ref_logp_br=None,
-                entropy_br=None, sampler_logp_br=None, token_denom=None, seq_denom=None):
+def policy_loss(
+  logp_br,
+  old_logp_br,
+  adv,
+  mask_br,
+  cfg: LossConfig,
+  *,
+  ref_logp_br=None,
+  entropy_br=None,
+  sampler_logp_br=None,
+  token_denom=None,
+  seq_denom=None,
+):
   """PPO-clip loss. `mask_br` is the final response mask (low-prob mask already applied).
 
   Returns (loss scalar, metrics dict of scalars). Mean metrics use the same token denominator as
@@ -112,14 +124,14 @@ def policy_loss(logp_br, old_logp_br, adv, mask_br, cfg: LossConfig, *, ref_logp
   loss = aggregate(pg, mask_br, cfg.agg, token_denom, seq_denom)
   tok_mean = lambda x: aggregate(x, mask_br, "token_mean", token_denom)  # noqa: E731
   metrics = {
-      "pg_loss": loss,
-      "clipfrac_low": tok_mean((negative & (ratio < lo)).astype(jnp.float32)),
-      "clipfrac_high": tok_mean(((adv_br > 0) & (ratio > hi)).astype(jnp.float32)),
-      "clipfrac_dual": tok_mean(dual.astype(jnp.float32)),
-      "ratio_mean": tok_mean(ratio),
-      "ratio_max": jnp.max(jnp.where(m, ratio, 0.0)),
-      # k3 estimate of KL(old || current): nonnegative, low variance.
-      "approx_kl": tok_mean(ratio - 1.0 - log_ratio),
+    "pg_loss": loss,
+    "clipfrac_low": tok_mean((negative & (ratio < lo)).astype(jnp.float32)),
+    "clipfrac_high": tok_mean(((adv_br > 0) & (ratio > hi)).astype(jnp.float32)),
+    "clipfrac_dual": tok_mean(dual.astype(jnp.float32)),
+    "ratio_mean": tok_mean(ratio),
+    "ratio_max": jnp.max(jnp.where(m, ratio, 0.0)),
+    # k3 estimate of KL(old || current): nonnegative, low variance.
+    "approx_kl": tok_mean(ratio - 1.0 - log_ratio),
   }
   if ref_logp_br is not None:
     kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_type)

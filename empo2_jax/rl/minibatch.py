@@ -23,6 +23,7 @@ mini-batches of 128, 17 distinct row counts. The empty slots cost no compute (rl
 The shuffle is a pure function of `seed` (the trainer passes (config.seed, iteration)), so a
 resumed run lays out its batches exactly as the uninterrupted one.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,9 @@ def split_sizes(n_samples: int, num_minibatches: int) -> list[int]:
   return [base + (i < extra) for i in range(num_minibatches)]
 
 
-def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
-            bucket_growth: float = 1.25) -> tuple[dict, dict]:
+def arrange(
+  batch: dict, cfg, seed: Union[int, Sequence[int]], bucket_growth: float = 1.25
+) -> tuple[dict, dict]:
   """build_batch's (or build_packed_batch's) rows -> (batch in the update's layout,
   {"num_minibatches", "slots", "rows", "slot_rows", "sizes"}).
 
@@ -77,7 +79,7 @@ def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
   if index.ndim == 1:
     slot_rows, sizes = cfg.minibatch_rows, split_sizes(len(real), k)
   else:
-    before = np.cumsum(counts[order]) - counts[order]          # turns ahead of each row
+    before = np.cumsum(counts[order]) - counts[order]  # turns ahead of each row
     group = (before * max(k, 1)) // max(n_turns, 1)
     # A row holds several turns, so a cut can skip a group: those steps are not taken.
     sizes = [int(z) for z in np.bincount(group, minlength=k) if z] if len(real) else []
@@ -86,12 +88,12 @@ def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
   rows = slots * slot_rows
   n_chunks = rows // micro
 
-  src = np.full(rows, -1, np.int64)       # physical row -> input row (-1: padding)
+  src = np.full(rows, -1, np.int64)  # physical row -> input row (-1: padding)
   start = 0
   for slot, size in enumerate(sizes):
     q = np.arange(size)
     dest = (q % micro) * n_chunks + slot * (slot_rows // micro) + q // micro
-    src[dest] = order[start:start + size]
+    src[dest] = order[start : start + size]
     start += size
 
   out = {}
@@ -102,10 +104,16 @@ def arrange(batch: dict, cfg, seed: Union[int, Sequence[int]],
     y = x[take]
     y[pad] = -1 if key == "sample_index" else 0
     out[key] = y
-  out["slot_steps"] = np.array([int(i < len(sizes) and sizes[i] > 0) for i in range(slots)],
-                               np.int32)
-  return out, {"num_minibatches": k, "slots": slots, "rows": rows, "slot_rows": slot_rows,
-               "sizes": list(sizes)}
+  out["slot_steps"] = np.array(
+    [int(i < len(sizes) and sizes[i] > 0) for i in range(slots)], np.int32
+  )
+  return out, {
+    "num_minibatches": k,
+    "slots": slots,
+    "rows": rows,
+    "slot_rows": slot_rows,
+    "sizes": list(sizes),
+  }
 
 
 __all__ = ["arrange", "plan", "split_sizes", "SHUFFLE_STREAM"]

@@ -14,6 +14,7 @@ text is stripped, BPE merges across the boundary, the sampler truncated the hist
 checks the prefix property and starts a new row where it fails, so a turn is never packed under a
 history it did not see.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,12 +29,13 @@ from empo2_jax.rl.logprobs import token_logprobs
 @dataclasses.dataclass
 class PackedRow:
   tokens: list[int]
-  spans: list[tuple[int, int]]     # (start, length) of each packed turn's response
-  turn_ids: list[int]              # which input turn each span belongs to
+  spans: list[tuple[int, int]]  # (start, length) of each packed turn's response
+  turn_ids: list[int]  # which input turn each span belongs to
 
 
-def pack_turns(prompts: Sequence[Sequence[int]],
-               responses: Sequence[Sequence[int]]) -> list[PackedRow]:
+def pack_turns(
+  prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+) -> list[PackedRow]:
   """Packs the turns of ONE episode, in order, into as few rows as the prefix property allows.
 
   prompts[t] / responses[t]: token ids of turn t. Turn t joins the current row when prompts[t]
@@ -57,13 +59,15 @@ def pack_views(prompts: dict, responses: Sequence[Sequence[int]]) -> list[dict]:
     resp = list(resp)
     cur = rows[-1] if rows else None
     if cur is None or not all(
-        prompts[v][t][:len(cur[v].tokens)] == cur[v].tokens
-        and len(prompts[v][t]) >= len(cur[v].tokens) for v in views):
+      prompts[v][t][: len(cur[v].tokens)] == cur[v].tokens
+      and len(prompts[v][t]) >= len(cur[v].tokens)
+      for v in views
+    ):
       cur = {v: PackedRow([], [], []) for v in views}
       rows.append(cur)
     for v in views:
       row = cur[v]
-      row.tokens.extend(prompts[v][t][len(row.tokens):])
+      row.tokens.extend(prompts[v][t][len(row.tokens) :])
       row.spans.append((len(row.tokens), len(resp)))
       row.turn_ids.append(t)
       row.tokens.extend(resp)
@@ -74,9 +78,19 @@ def pack_views(prompts: dict, responses: Sequence[Sequence[int]]) -> list[dict]:
 # Kernel: log-probs of every packed turn's response
 # ---------------------------------------------------------------------------------------------
 
-def packed_response_logprobs(params, config, tokens_bl, attn_bl, starts_bt, response_len: int, *,
-                             temperature: float = 1.0, chunk_size: int = 8192,
-                             with_entropy: bool = False):
+
+def packed_response_logprobs(
+  params,
+  config,
+  tokens_bl,
+  attn_bl,
+  starts_bt,
+  response_len: int,
+  *,
+  temperature: float = 1.0,
+  chunk_size: int = 8192,
+  with_entropy: bool = False,
+):
   """Log-probs [B, T, R] of the R tokens from each span start (one forward per packed row).
 
   tokens_bl / attn_bl [B, L]: packed rows (right padding). starts_bt [B, T] int32: the first
@@ -87,14 +101,20 @@ def packed_response_logprobs(params, config, tokens_bl, attn_bl, starts_bt, resp
   """
   length = tokens_bl.shape[1]
   hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
-  pos = starts_bt[:, :, None] + jnp.arange(response_len)[None, None, :]            # [B, T, R]
+  pos = starts_bt[:, :, None] + jnp.arange(response_len)[None, None, :]  # [B, T, R]
   tgt_pos = jnp.clip(pos, 0, length - 1)
   h_pos = jnp.clip(pos - 1, 0, length - 1)
   b_idx = jnp.arange(tokens_bl.shape[0])[:, None, None]
   h_btrd = hidden[b_idx, h_pos]
   targets = tokens_bl[b_idx, tgt_pos]
-  return token_logprobs(h_btrd, qwen2.output_embedding(params, config), targets,
-                        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+  return token_logprobs(
+    h_btrd,
+    qwen2.output_embedding(params, config),
+    targets,
+    temperature=temperature,
+    chunk_size=chunk_size,
+    with_entropy=with_entropy,
+  )
 
 
 __all__ = ["PackedRow", "pack_turns", "pack_views", "packed_response_logprobs"]

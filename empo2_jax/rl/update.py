@@ -30,6 +30,7 @@ model casts each weight to `compute_dtype` where it is used, so with compute_dty
 matmuls run in bf16 from the fp32 masters inside the jitted step. bf16 storage is refused:
 one lr-1e-6 step is ~1% of a bf16 ulp at |w| = 0.02 and rounds away.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,9 +82,15 @@ class TrainState(NamedTuple):
 def make_optimizer(cfg) -> optax.GradientTransformation:
   """Global-norm clipping + AdamW. The moments take the params' dtype: fp32 with fp32 masters."""
   return optax.chain(
-      optax.clip_by_global_norm(cfg.max_grad_norm),
-      optax.adamw(cfg.learning_rate, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                  weight_decay=cfg.weight_decay))
+    optax.clip_by_global_norm(cfg.max_grad_norm),
+    optax.adamw(
+      cfg.learning_rate,
+      b1=cfg.adam_b1,
+      b2=cfg.adam_b2,
+      eps=cfg.adam_eps,
+      weight_decay=cfg.weight_decay,
+    ),
+  )
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainState:
@@ -94,11 +101,12 @@ def check_master_dtype(model_config) -> None:
   """The update trains fp32 master weights; anything else cannot take an lr-1e-6 step."""
   if model_config.param_dtype != MASTER_DTYPE:
     raise ValueError(
-        f"model param_dtype={model_config.param_dtype!r}: the update keeps {MASTER_DTYPE} master "
-        "weights (and AdamW moments). In bfloat16 storage an lr-1e-6 AdamW step is far below "
-        "half an ulp of a typical weight and rounds back to the old value, so nothing would be "
-        "learned. Use param_dtype='float32' with compute_dtype='bfloat16' (bf16 matmuls from "
-        "fp32 masters).")
+      f"model param_dtype={model_config.param_dtype!r}: the update keeps {MASTER_DTYPE} master "
+      "weights (and AdamW moments). In bfloat16 storage an lr-1e-6 AdamW step is far below "
+      "half an ulp of a typical weight and rounds back to the old value, so nothing would be "
+      "learned. Use param_dtype='float32' with compute_dtype='bfloat16' (bf16 matmuls from "
+      "fp32 masters)."
+    )
 
 
 def _to_chunks(x, n_chunks):
@@ -139,8 +147,9 @@ def _index(tree, i):
 def _nonempty_loop(keep, body, carry):
   """carry = body(j, carry) for the indices j with keep[j] (in order); a dynamic trip count."""
   order = jnp.argsort(jnp.where(keep, 0, 1), stable=True)  # kept indices first, in order
-  return jax.lax.fori_loop(0, jnp.sum(keep.astype(jnp.int32)),
-                           lambda i, c: body(order[i], c), carry)
+  return jax.lax.fori_loop(
+    0, jnp.sum(keep.astype(jnp.int32)), lambda i, c: body(order[i], c), carry
+  )
 
 
 def _map_nonempty(f, xs, keep):
@@ -148,17 +157,26 @@ def _map_nonempty(f, xs, keep):
   out_shape = jax.eval_shape(f, _index(xs, 0))
   out = jnp.zeros((keep.shape[0],) + out_shape.shape, out_shape.dtype)
   return _nonempty_loop(
-      keep, lambda j, o: jax.lax.dynamic_update_index_in_dim(o, f(_index(xs, j)), j, 0), out)
+    keep, lambda j, o: jax.lax.dynamic_update_index_in_dim(o, f(_index(xs, j)), j, 0), out
+  )
 
 
 def _combine(total, met):
   """Running combination of per-step (or per-micro-batch) metrics: sums, and a max for ratio_max."""
-  return {k: (jnp.maximum(total[k], v) if k == "ratio_max" else total[k] + v)
-          for k, v in met.items()}
+  return {
+    k: (jnp.maximum(total[k], v) if k == "ratio_max" else total[k] + v) for k, v in met.items()
+  }
 
 
-def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sharding=None,
-                   state_sharding=None, donate: bool = True):
+def make_update_fn(
+  model_config,
+  cfg: UpdateConfig,
+  optimizer=None,
+  *,
+  batch_sharding=None,
+  state_sharding=None,
+  donate: bool = True,
+):
   """Returns jitted update(state, batch[, ref_params]) -> (state, metrics).
 
   Params and batch may be placed with any sharding (jit follows them); `state_sharding` (a
@@ -182,23 +200,40 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
 
   def logp_fn(params, tokens, attn, starts, resp_len, with_entropy=False):
     """[mb, L] rows, [mb, T] turn starts -> [mb, T, R] (and entropy)."""
-    return packed_response_logprobs(params, model_config, tokens, attn, starts, resp_len,
-                                    temperature=cfg.temperature, chunk_size=cfg.vocab_chunk,
-                                    with_entropy=with_entropy)
+    return packed_response_logprobs(
+      params,
+      model_config,
+      tokens,
+      attn,
+      starts,
+      resp_len,
+      temperature=cfg.temperature,
+      chunk_size=cfg.vocab_chunk,
+      with_entropy=with_entropy,
+    )
 
   def no_grad_logp(params, tokens_c, attn_c, starts_c, resp_len, keep_c):
     """[n_chunks, mb, L] -> [n_chunks, mb, T, R] (zeros on chunks without response tokens)."""
     params = jax.lax.stop_gradient(params)
-    return _map_nonempty(lambda x: logp_fn(params, *constrain(x), resp_len),
-                         (tokens_c, attn_c, starts_c), keep_c)
+    return _map_nonempty(
+      lambda x: logp_fn(params, *constrain(x), resp_len), (tokens_c, attn_c, starts_c), keep_c
+    )
 
   def loss_fn(params, d, token_denom, seq_denom):
     resp_len = d["mask"].shape[-1]
     logp, ent = logp_fn(params, d["cur_tokens"], d["cur_attn"], d["cur_starts"], resp_len, True)
     flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])  # noqa: E731  turns
-    return policy_loss(flat(logp), flat(d["old_logp"]), flat(d["advantages"]), flat(d["mask"]),
-                       lcfg, entropy_br=flat(ent), ref_logp_br=flat(d.get("ref_logp")),
-                       token_denom=token_denom, seq_denom=seq_denom)
+    return policy_loss(
+      flat(logp),
+      flat(d["old_logp"]),
+      flat(d["advantages"]),
+      flat(d["mask"]),
+      lcfg,
+      entropy_br=flat(ent),
+      ref_logp_br=flat(d.get("ref_logp")),
+      token_denom=token_denom,
+      seq_denom=seq_denom,
+    )
 
   def minibatch_step(state: TrainState, d):
     """d: leaves [n_micro, mb, ...] -> one optimizer step and its metrics."""
@@ -206,8 +241,9 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
     token_denom = jnp.sum(mask)
     seq_denom = jnp.sum(jnp.any(mask > 0, axis=-1))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    met_shape = jax.eval_shape(lambda: grad_fn(state.params, _index(d, 0), token_denom,
-                                               seq_denom)[0][1])
+    met_shape = jax.eval_shape(
+      lambda: grad_fn(state.params, _index(d, 0), token_denom, seq_denom)[0][1]
+    )
 
     def micro(j, carry):
       grads, met_sum = carry
@@ -228,25 +264,42 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
     batch = as_packed(batch)
     n_rows, _, resp_len = batch["response_mask"].shape
     if n_rows % cfg.micro_rows:
-      raise ValueError(f"batch rows {n_rows} must be a multiple of micro_rows={cfg.micro_rows} "
-                       "(lay the batch out with rl/minibatch.arrange)")
+      raise ValueError(
+        f"batch rows {n_rows} must be a multiple of micro_rows={cfg.micro_rows} "
+        "(lay the batch out with rl/minibatch.arrange)"
+      )
     # rl/minibatch.arrange says how many slots there are (packed rows: its own slot size).
-    slot_rows = (n_rows // batch["slot_steps"].shape[0] if "slot_steps" in batch
-                 else min(cfg.minibatch_rows, n_rows))
+    slot_rows = (
+      n_rows // batch["slot_steps"].shape[0]
+      if "slot_steps" in batch
+      else min(cfg.minibatch_rows, n_rows)
+    )
     if n_rows % slot_rows:
-      raise ValueError(f"batch rows {n_rows} must be a multiple of the mini-batch slot "
-                       f"{slot_rows} rows (minibatch_size={cfg.minibatch_size} rounded up to "
-                       f"micro_rows={cfg.micro_rows}); lay it out with rl/minibatch.arrange")
+      raise ValueError(
+        f"batch rows {n_rows} must be a multiple of the mini-batch slot "
+        f"{slot_rows} rows (minibatch_size={cfg.minibatch_size} rounded up to "
+        f"micro_rows={cfg.micro_rows}); lay it out with rl/minibatch.arrange"
+      )
     n_chunks = n_rows // cfg.micro_rows
     n_slots = n_rows // slot_rows
-    used = ("cur_tokens", "cur_attn", "cur_starts", "old_tokens", "old_attn", "old_starts",
-            "advantages", "response_mask", "sample_index")
+    used = (
+      "cur_tokens",
+      "cur_attn",
+      "cur_starts",
+      "old_tokens",
+      "old_attn",
+      "old_starts",
+      "advantages",
+      "response_mask",
+      "sample_index",
+    )
     ch = {k: _to_chunks(batch[k], n_chunks) for k in used}
     has_tokens_c = _any_after_first(ch["response_mask"] > 0)  # [n_chunks]
-    old_logp = no_grad_logp(state.params, ch["old_tokens"], ch["old_attn"], ch["old_starts"],
-                            resp_len, has_tokens_c)
+    old_logp = no_grad_logp(
+      state.params, ch["old_tokens"], ch["old_attn"], ch["old_starts"], resp_len, has_tokens_c
+    )
 
-    full_mask = batch["response_mask"]                        # [B, T, R]
+    full_mask = batch["response_mask"]  # [B, T, R]
     old_flat = _from_chunks(old_logp)
     turns = lambda x: x.reshape((-1, resp_len))  # noqa: E731  [B*T, R]: one turn sample a row
     mask, masked_b = apply_low_prob_mask(turns(full_mask), turns(old_flat), lcfg)
@@ -254,20 +307,28 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
     n_with_tokens = jnp.maximum(jnp.sum(jnp.any(full_mask > 0, axis=-1)), 1)
     n_tok = jnp.maximum(jnp.sum(full_mask), 1)
     pre = {
-        "masked_frac": jnp.sum(masked_b) / n_with_tokens,
-        "sampler_vs_old_logp_absdiff": jnp.sum(
-            jnp.where(full_mask > 0, jnp.abs(batch["sampler_logp"] - old_flat), 0.0)) / n_tok,
-        "old_logp_mean": jnp.sum(jnp.where(full_mask > 0, old_flat, 0.0)) / n_tok,
-        "n_tokens": jnp.sum(mask),
+      "masked_frac": jnp.sum(masked_b) / n_with_tokens,
+      "sampler_vs_old_logp_absdiff": jnp.sum(
+        jnp.where(full_mask > 0, jnp.abs(batch["sampler_logp"] - old_flat), 0.0)
+      )
+      / n_tok,
+      "old_logp_mean": jnp.sum(jnp.where(full_mask > 0, old_flat, 0.0)) / n_tok,
+      "n_tokens": jnp.sum(mask),
     }
-    data = {"cur_tokens": ch["cur_tokens"], "cur_attn": ch["cur_attn"],
-            "cur_starts": ch["cur_starts"], "old_logp": old_logp,
-            "advantages": ch["advantages"], "mask": _to_chunks(mask, n_chunks)}
+    data = {
+      "cur_tokens": ch["cur_tokens"],
+      "cur_attn": ch["cur_attn"],
+      "cur_starts": ch["cur_starts"],
+      "old_logp": old_logp,
+      "advantages": ch["advantages"],
+      "mask": _to_chunks(mask, n_chunks),
+    }
     if lcfg.kl_coef:
       if ref_params is None:
         raise ValueError("LossConfig.kl_coef > 0: pass ref_params to the update")
-      data["ref_logp"] = no_grad_logp(ref_params, ch["cur_tokens"], ch["cur_attn"],
-                                      ch["cur_starts"], resp_len, has_tokens_c)
+      data["ref_logp"] = no_grad_logp(
+        ref_params, ch["cur_tokens"], ch["cur_attn"], ch["cur_starts"], resp_len, has_tokens_c
+      )
     # [n_chunks, mb, ...] -> [n_slots, n_micro, mb, ...]
     split = lambda x: x.reshape((n_slots, n_chunks // n_slots) + x.shape[1:])  # noqa: E731
     data = jax.tree.map(split, data)
@@ -292,8 +353,10 @@ def make_update_fn(model_config, cfg: UpdateConfig, optimizer=None, *, batch_sha
     met = {k: (v if k == "ratio_max" else v / jnp.maximum(steps, 1)) for k, v in met_sum.items()}
     met["optim_steps"] = steps
     met["param_update_norm"] = optax.global_norm(
-        jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), state.params,
-                     params_before))
+      jax.tree.map(
+        lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), state.params, params_before
+      )
+    )
     met.update(pre)
     return state, met
 
@@ -311,9 +374,17 @@ def sample_logprobs_fn(model_config, cfg: UpdateConfig, micro_rows: Optional[int
   def f(params, tokens, attn, resp_len):
     n_chunks = tokens.shape[0] // rows
     out = jax.lax.map(
-        lambda ta: response_logprobs(params, model_config, ta[0], ta[1], resp_len,
-                                     temperature=cfg.temperature, chunk_size=cfg.vocab_chunk),
-        (_to_chunks(tokens, n_chunks), _to_chunks(attn, n_chunks)))
+      lambda ta: response_logprobs(
+        params,
+        model_config,
+        ta[0],
+        ta[1],
+        resp_len,
+        temperature=cfg.temperature,
+        chunk_size=cfg.vocab_chunk,
+      ),
+      (_to_chunks(tokens, n_chunks), _to_chunks(attn, n_chunks)),
+    )
     return _from_chunks(out)
 
   return jax.jit(f, static_argnums=(3,))

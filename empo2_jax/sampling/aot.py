@@ -6,6 +6,7 @@ compute_dtype for the matmuls (the cache is bf16, SamplerSettings' default). `sa
 jitted decode loop for 32 new tokens (the EMPO2 action length) in "sample" mode; `sampler_prefill`
 is one prefill chunk of the largest default chunk length.
 """
+
 from __future__ import annotations
 
 import jax
@@ -23,15 +24,21 @@ ACTION_TOKENS = 32
 def _abstract(config, mesh, req):
   settings = SamplerSettings()
   params = shd.abstract_on_mesh(
-      jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0))), mesh)
+    jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0))), mesh
+  )
   rows = shd.batch_sharding(mesh)
   kv = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, shd.BATCH_AXES))
   shape = (config.num_layers, req.batch, req.seq, config.num_kv_heads, config.head_dim)
   dt = jnp.dtype(settings.cache_dtype)
-  cache = {"k": jax.ShapeDtypeStruct(shape, dt, sharding=kv),
-           "v": jax.ShapeDtypeStruct(shape, dt, sharding=kv),
-           "mask": jax.ShapeDtypeStruct((req.batch, req.seq), jnp.int32, sharding=rows)}
-  row = lambda *s, dtype=jnp.int32: jax.ShapeDtypeStruct((req.batch,) + s, dtype, sharding=rows)
+  cache = {
+    "k": jax.ShapeDtypeStruct(shape, dt, sharding=kv),
+    "v": jax.ShapeDtypeStruct(shape, dt, sharding=kv),
+    "mask": jax.ShapeDtypeStruct((req.batch, req.seq), jnp.int32, sharding=rows),
+  }
+
+  def row(*s, dtype=jnp.int32):
+    return jax.ShapeDtypeStruct((req.batch,) + s, dtype, sharding=rows)
+
   hidden = row(config.hidden_size, dtype=config.jnp_compute_dtype)
   return settings, params, cache, hidden, row
 
@@ -40,15 +47,43 @@ def _abstract(config, mesh, req):
 def _decode_program(config, mesh, req):
   settings, params, cache, hidden, row = _abstract(config, mesh, req)
   keys = jax.ShapeDtypeStruct((req.batch, 2), jnp.uint32, sharding=shd.batch_sharding(mesh))
-  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)
+
+  def scalar(dtype):
+    return jax.ShapeDtypeStruct((), dtype)
+
   stops = jax.ShapeDtypeStruct((settings.max_stop_ids,), jnp.int32)
 
   def decode(params, cache, hidden, length, active, keys, temperature, top_p, top_k, stops, n):
-    return kernels.decode(params, config, cache, hidden, length, active, keys, temperature,
-                          top_p, top_k, stops, n, mode="sample", buffer=ACTION_TOKENS)
+    return kernels.decode(
+      params,
+      config,
+      cache,
+      hidden,
+      length,
+      active,
+      keys,
+      temperature,
+      top_p,
+      top_k,
+      stops,
+      n,
+      mode="sample",
+      buffer=ACTION_TOKENS,
+    )
 
-  args = (params, cache, hidden, row(), row(dtype=jnp.bool_), keys, scalar(jnp.float32),
-          scalar(jnp.float32), scalar(jnp.int32), stops, scalar(jnp.int32))
+  args = (
+    params,
+    cache,
+    hidden,
+    row(),
+    row(dtype=jnp.bool_),
+    keys,
+    scalar(jnp.float32),
+    scalar(jnp.float32),
+    scalar(jnp.int32),
+    stops,
+    scalar(jnp.int32),
+  )
   flops = aot.forward_flops_per_token(config, req.seq) * req.batch * ACTION_TOKENS
   return aot.Program(jax.jit(decode, donate_argnums=(1,)), args, flops)
 

@@ -7,11 +7,13 @@ Sampling distribution (what the returned log-probs are measured under):
           under the unmodified model distribution (a delta would always give 0).
   sample  (temperature > 0): x = logits / temperature; if top_k > 0 keep the k largest x (by rank,
           so ties never let more than k through); then if top_p < 1 keep the smallest set of the
-          most likely remaining tokens whose renormalised mass reaches top_p (the top token is always
+          most likely remaining tokens whose renormalised mass reaches top_p (the top token is
+          always
           kept); everything else gets -inf. token ~ softmax(x_filtered); log-prob =
           log_softmax(x_filtered)[token]. Same order as transformers / vLLM (temperature, top-k,
           then top-p on the renormalised top-k distribution).
 """
+
 from __future__ import annotations
 
 import jax
@@ -20,13 +22,15 @@ import jax.numpy as jnp
 from empo2_jax.model import qwen2
 from empo2_jax.model.configs import Qwen2Config
 
-MODES = ("greedy", "sample", "filter")   # filter = sample with top-k and/or top-p
+MODES = ("greedy", "sample", "filter")  # filter = sample with top-k and/or top-p
 
 
 def mode_for(temperature: float, top_p: float, top_k: int) -> str:
   if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-    raise ValueError(f"bad sampling settings temperature={temperature} top_p={top_p} "
-                     f"top_k={top_k}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+    raise ValueError(
+      f"bad sampling settings temperature={temperature} top_p={top_p} "
+      f"top_k={top_k}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0"
+    )
   if temperature == 0:
     return "greedy"
   return "filter" if (top_p < 1 or top_k > 0) else "sample"
@@ -35,7 +39,7 @@ def mode_for(temperature: float, top_p: float, top_k: int) -> str:
 def filter_sorted(x_bv: jax.Array, top_p: jax.Array, top_k: jax.Array):
   """Top-k then top-p in sorted space. Returns (masked sorted logits [B,V], token order [B,V])."""
   v = x_bv.shape[-1]
-  order = jnp.argsort(-x_bv, axis=-1)                                   # descending, stable
+  order = jnp.argsort(-x_bv, axis=-1)  # descending, stable
   xs = jnp.take_along_axis(x_bv, order, axis=-1)
   rank = jnp.arange(v)[None, :]
   keep = (top_k <= 0) | (rank < top_k)
@@ -72,8 +76,9 @@ def logits_from_hidden(params, config: Qwen2Config, hidden_bd: jax.Array) -> jax
   return jnp.einsum("bd,dv->bv", hidden_bd.astype(config.jnp_compute_dtype), w).astype(jnp.float32)
 
 
-def prefill_chunk(params, config: Qwen2Config, cache, hidden_bd, tokens_bc, mask_bc, start_b,
-                  end_b):
+def prefill_chunk(
+  params, config: Qwen2Config, cache, hidden_bd, tokens_bc, mask_bc, start_b, end_b
+):
   """Write one right-padded chunk of new tokens at slots start_b.. of each row.
 
   tokens/mask [B, C]; start_b [B] = tokens the row already has in cache (also their positions);
@@ -82,14 +87,37 @@ def prefill_chunk(params, config: Qwen2Config, cache, hidden_bd, tokens_bc, mask
   """
   c = tokens_bc.shape[1]
   positions = start_b[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
-  hidden, cache = qwen2.forward(params, config, tokens_bc, mask_bc, positions=positions,
-                                return_hidden=True, cache=cache, cache_index=start_b)
+  hidden, cache = qwen2.forward(
+    params,
+    config,
+    tokens_bc,
+    mask_bc,
+    positions=positions,
+    return_hidden=True,
+    cache=cache,
+    cache_index=start_b,
+  )
   last = jnp.take_along_axis(hidden, jnp.maximum(end_b, 0)[:, None, None], axis=1)[:, 0]
   return cache, jnp.where((end_b >= 0)[:, None], last.astype(hidden_bd.dtype), hidden_bd)
 
 
-def decode(params, config: Qwen2Config, cache, hidden_bd, length_b, active_b, keys_b,
-           temperature, top_p, top_k, stop_ids, max_new, *, mode: str, buffer: int):
+def decode(
+  params,
+  config: Qwen2Config,
+  cache,
+  hidden_bd,
+  length_b,
+  active_b,
+  keys_b,
+  temperature,
+  top_p,
+  top_k,
+  stop_ids,
+  max_new,
+  *,
+  mode: str,
+  buffer: int,
+):
   """Sample up to `max_new` (<= buffer) tokens per active row, stopping rows independently.
 
   length_b [B]: tokens in the row's cache (the prompt); hidden_bd: final hidden state of each
@@ -99,7 +127,10 @@ def decode(params, config: Qwen2Config, cache, hidden_bd, length_b, active_b, ke
   end), logprobs [B, buffer], counts [B], length_b).
   """
   b = hidden_bd.shape[0]
-  is_stop = lambda tok: jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+
+  def is_stop(tok):
+    return jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+
   logits = logits_from_hidden(params, config, hidden_bd)
   tok, lp = choose(logits, keys_b, 0, temperature, top_p, top_k, mode)
   out_tok = jnp.full((b, buffer), -1, jnp.int32).at[:, 0].set(jnp.where(active_b, tok, -1))
@@ -114,8 +145,15 @@ def decode(params, config: Qwen2Config, cache, hidden_bd, length_b, active_b, ke
   def body(carry):
     step, cache, tok, done, length, count, out_tok, out_lp = carry
     feed = ~done
-    logits, cache = qwen2.forward(params, config, tok[:, None], feed[:, None].astype(jnp.int32),
-                                  positions=length[:, None], cache=cache, cache_index=length)
+    logits, cache = qwen2.forward(
+      params,
+      config,
+      tok[:, None],
+      feed[:, None].astype(jnp.int32),
+      positions=length[:, None],
+      cache=cache,
+      cache_index=length,
+    )
     length = length + feed
     new, lp = choose(logits[:, 0], keys_b, step, temperature, top_p, top_k, mode)
     col = jnp.arange(buffer)[None, :] == step

@@ -23,12 +23,13 @@ Mesh: params may arrive already sharded (parallel/sharding.shard_tree); pass `me
 rows and per-row inputs are placed with the batch over (data, fsdp) (parallel/sharding.BATCH_AXES);
 jit follows the input shardings. Without a mesh everything runs on the default device.
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import functools
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -43,9 +44,9 @@ from empo2_jax.sampling import kernels
 @dataclasses.dataclass(frozen=True)
 class SamplerSettings:
   cache_dtype: str = "bfloat16"
-  prefill_chunks: tuple[int, ...] = (16, 64, 256, 512, 1024)   # ascending; the last is the max
+  prefill_chunks: tuple[int, ...] = (16, 64, 256, 512, 1024)  # ascending; the last is the max
   cache_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-  batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # beyond: multiples of last
+  batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # beyond: multiples of last
   new_token_buckets: tuple[int, ...] = (32, 128, 512, 2048)
   max_stop_ids: int = 8
 
@@ -55,8 +56,9 @@ class SamplerSettings:
     for name in ("prefill_chunks", "cache_lengths", "batch_sizes", "new_token_buckets"):
       v = getattr(self, name)
       if not v or list(v) != sorted(set(v)) or v[0] < 1:
-        raise ValueError(f"SamplerSettings.{name}={v} must be a non-empty ascending tuple of "
-                         "positive ints")
+        raise ValueError(
+          f"SamplerSettings.{name}={v} must be a non-empty ascending tuple of positive ints"
+        )
 
   @property
   def max_chunk(self) -> int:
@@ -70,8 +72,9 @@ def bucket(n: int, sizes: Sequence[int], what: str, *, multiples: bool = False) 
       return s
   if multiples:
     return -(-n // sizes[-1]) * sizes[-1]
-  raise ValueError(f"{what}={n} exceeds the largest bucket {sizes[-1]}; add a larger one to "
-                   f"SamplerSettings")
+  raise ValueError(
+    f"{what}={n} exceeds the largest bucket {sizes[-1]}; add a larger one to SamplerSettings"
+  )
 
 
 def chunk_plan(remaining: int, chunks: Sequence[int]) -> list[int]:
@@ -92,13 +95,18 @@ def row_keys(rng: jax.Array, rows: Sequence[int]) -> jax.Array:
 class Engine:
   """The jitted device functions for one (model config, settings) pair, with a trace counter."""
 
-  def __init__(self, config: Qwen2Config, settings: SamplerSettings = SamplerSettings(),
-               mesh: Optional[jax.sharding.Mesh] = None):
+  def __init__(
+    self,
+    config: Qwen2Config,
+    settings: SamplerSettings = SamplerSettings(),
+    mesh: Optional[jax.sharding.Mesh] = None,
+  ):
     self.config, self.settings, self.mesh = config, settings, mesh
     self.traces: collections.Counter = collections.Counter()
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
-    self._decode = jax.jit(self._decode_impl, static_argnames=("mode", "buffer"),
-                           donate_argnums=(1,))
+    self._decode = jax.jit(
+      self._decode_impl, static_argnames=("mode", "buffer"), donate_argnums=(1,)
+    )
 
   @property
   def num_traces(self) -> int:
@@ -108,17 +116,47 @@ class Engine:
     self.traces["prefill"] += 1
     return kernels.prefill_chunk(params, self.config, cache, hidden, tokens, mask, start, end)
 
-  def _decode_impl(self, params, cache, hidden, length, active, keys, temperature, top_p, top_k,
-                   stop_ids, max_new, *, mode, buffer):
+  def _decode_impl(
+    self,
+    params,
+    cache,
+    hidden,
+    length,
+    active,
+    keys,
+    temperature,
+    top_p,
+    top_k,
+    stop_ids,
+    max_new,
+    *,
+    mode,
+    buffer,
+  ):
     self.traces["decode"] += 1
-    return kernels.decode(params, self.config, cache, hidden, length, active, keys, temperature,
-                          top_p, top_k, stop_ids, max_new, mode=mode, buffer=buffer)
+    return kernels.decode(
+      params,
+      self.config,
+      cache,
+      hidden,
+      length,
+      active,
+      keys,
+      temperature,
+      top_p,
+      top_k,
+      stop_ids,
+      max_new,
+      mode=mode,
+      buffer=buffer,
+    )
 
   # -- placement ---------------------------------------------------------------------------------
   def batch_multiple(self) -> int:
     if self.mesh is None:
       return 1
     from empo2_jax.parallel.sharding import BATCH_AXES
+
     return int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
 
   def _rows(self, x, batch_dim: int = 0):
@@ -127,23 +165,29 @@ class Engine:
       return jnp.asarray(x)
     from jax.sharding import NamedSharding, PartitionSpec as P
     from empo2_jax.parallel.sharding import BATCH_AXES
+
     spec = P(*([None] * batch_dim), BATCH_AXES)
     return jax.device_put(x, NamedSharding(self.mesh, spec))
 
   def new_cache(self, batch: int, length: int):
     if batch % self.batch_multiple():
-      raise ValueError(f"batch {batch} is not divisible by the mesh's data*fsdp size "
-                       f"{self.batch_multiple()}")
+      raise ValueError(
+        f"batch {batch} is not divisible by the mesh's data*fsdp size {self.batch_multiple()}"
+      )
     cache = qwen2.init_cache(self.config, batch, length, DTYPES[self.settings.cache_dtype])
-    return {"k": self._rows(cache["k"], 1), "v": self._rows(cache["v"], 1),
-            "mask": self._rows(cache["mask"])}
+    return {
+      "k": self._rows(cache["k"], 1),
+      "v": self._rows(cache["v"], 1),
+      "mask": self._rows(cache["mask"]),
+    }
 
   def new_hidden(self, batch: int):
     return self._rows(jnp.zeros((batch, self.config.hidden_size), self.config.jnp_compute_dtype))
 
   # -- host drivers --------------------------------------------------------------------------------
-  def prefill(self, params, cache, hidden, suffixes: Sequence[Optional[Sequence[int]]],
-              start: np.ndarray):
+  def prefill(
+    self, params, cache, hidden, suffixes: Sequence[Optional[Sequence[int]]], start: np.ndarray
+  ):
     """Append suffixes[b] (None / empty = row untouched) to row b whose cache holds start[b].
 
     Requires start[b] + len(suffix) + max_chunk <= cache length (padded writes never clamp).
@@ -155,8 +199,10 @@ class Engine:
     over = np.nonzero(start + lens + self.settings.max_chunk > s)[0]
     if over.size:
       r = int(over[0])
-      raise ValueError(f"row {r}: {start[r]} cached + {lens[r]} new tokens + chunk headroom "
-                       f"{self.settings.max_chunk} exceed the cache length {s}")
+      raise ValueError(
+        f"row {r}: {start[r]} cached + {lens[r]} new tokens + chunk headroom "
+        f"{self.settings.max_chunk} exceed the cache length {s}"
+      )
     done, computed = np.zeros(b, np.int64), 0
     for c in chunk_plan(int(lens.max(initial=0)), self.settings.prefill_chunks):
       tokens, mask = np.zeros((b, c), np.int32), np.zeros((b, c), np.int32)
@@ -165,42 +211,75 @@ class Engine:
         take = min(c, lens[r] - done[r])
         if take <= 0:
           continue
-        tokens[r, :take] = suf[done[r]:done[r] + take]
+        tokens[r, :take] = suf[done[r] : done[r] + take]
         mask[r, :take] = 1
         if done[r] + take == lens[r]:
           end[r] = take - 1
-      cache, hidden = self._prefill(params, cache, hidden, self._rows(tokens), self._rows(mask),
-                                    self._rows((start + done).astype(np.int32)),
-                                    self._rows(end))
+      cache, hidden = self._prefill(
+        params,
+        cache,
+        hidden,
+        self._rows(tokens),
+        self._rows(mask),
+        self._rows((start + done).astype(np.int32)),
+        self._rows(end),
+      )
       done += np.minimum(c, lens - done).clip(min=0)
       computed += b * c
     return cache, hidden, computed
 
-  def decode(self, params, cache, hidden, length: np.ndarray, active: np.ndarray, keys, *,
-             max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-             stop_ids: Sequence[int]):
+  def decode(
+    self,
+    params,
+    cache,
+    hidden,
+    length: np.ndarray,
+    active: np.ndarray,
+    keys,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    stop_ids: Sequence[int],
+  ):
     """Returns (cache, tokens [B, buf], logprobs [B, buf], counts [B], lengths [B]) on host."""
     mode = kernels.mode_for(temperature, top_p, top_k)
     if max_new_tokens < 1:
       raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     stops = sorted(set(int(t) for t in stop_ids))
     if len(stops) > self.settings.max_stop_ids:
-      raise ValueError(f"{len(stops)} stop ids > SamplerSettings.max_stop_ids="
-                       f"{self.settings.max_stop_ids}")
+      raise ValueError(
+        f"{len(stops)} stop ids > SamplerSettings.max_stop_ids={self.settings.max_stop_ids}"
+      )
     stop_arr = np.full(self.settings.max_stop_ids, -1, np.int32)
-    stop_arr[:len(stops)] = stops
+    stop_arr[: len(stops)] = stops
     buf = bucket(max_new_tokens, self.settings.new_token_buckets, "max_new_tokens")
     cache, toks, lps, counts, lengths = self._decode(
-        params, cache, hidden, self._rows(np.asarray(length, np.int32)),
-        self._rows(np.asarray(active, bool)), keys, jnp.float32(max(temperature, 1e-6)),
-        jnp.float32(top_p), jnp.int32(top_k), jnp.asarray(stop_arr), jnp.int32(max_new_tokens),
-        mode=mode, buffer=buf)
+      params,
+      cache,
+      hidden,
+      self._rows(np.asarray(length, np.int32)),
+      self._rows(np.asarray(active, bool)),
+      keys,
+      jnp.float32(max(temperature, 1e-6)),
+      jnp.float32(top_p),
+      jnp.int32(top_k),
+      jnp.asarray(stop_arr),
+      jnp.int32(max_new_tokens),
+      mode=mode,
+      buffer=buf,
+    )
     return cache, np.asarray(toks), np.asarray(lps), np.asarray(counts), np.asarray(lengths)
 
 
-def get_engine(config: Qwen2Config, settings: SamplerSettings = SamplerSettings(),
-               mesh: Optional[jax.sharding.Mesh] = None) -> Engine:
-  """A shared Engine per (config, settings, mesh), so repeated generate() calls reuse compilations."""
+def get_engine(
+  config: Qwen2Config,
+  settings: SamplerSettings = SamplerSettings(),
+  mesh: Optional[jax.sharding.Mesh] = None,
+) -> Engine:
+  """A shared Engine per (config, settings, mesh), so repeated generate() calls reuse
+  compilations."""
   return _engine(config, settings, mesh)
 
 
@@ -209,11 +288,20 @@ def _engine(config, settings, mesh) -> Engine:
   return Engine(config, settings, mesh)
 
 
-def generate(params, config: Qwen2Config, prompts: Sequence[Sequence[int]], *,
-             max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-             stop_ids: Sequence[int] = (), rng: jax.Array,
-             settings: SamplerSettings = SamplerSettings(),
-             mesh: Optional[jax.sharding.Mesh] = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def generate(
+  params,
+  config: Qwen2Config,
+  prompts: Sequence[Sequence[int]],
+  *,
+  max_new_tokens: int,
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  stop_ids: Sequence[int] = (),
+  rng: jax.Array,
+  settings: SamplerSettings = SamplerSettings(),
+  mesh: Optional[jax.sharding.Mesh] = None,
+) -> list[tuple[np.ndarray, np.ndarray]]:
   """One-shot batched sampling. Returns [(tokens int32 [n], logprobs float32 [n])] per prompt."""
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("generate needs a non-empty list of non-empty prompts")
@@ -222,15 +310,27 @@ def generate(params, config: Qwen2Config, prompts: Sequence[Sequence[int]], *,
   b = bucket(n, settings.batch_sizes, "batch", multiples=True)
   b = -(-b // engine.batch_multiple()) * engine.batch_multiple()
   longest = max(len(p) for p in prompts)
-  s = bucket(longest + max_new_tokens + settings.max_chunk, settings.cache_lengths,
-             "prompt + max_new_tokens + chunk headroom")
+  s = bucket(
+    longest + max_new_tokens + settings.max_chunk,
+    settings.cache_lengths,
+    "prompt + max_new_tokens + chunk headroom",
+  )
   cache, hidden = engine.new_cache(b, s), engine.new_hidden(b)
   suffixes = list(prompts) + [None] * (b - n)
   cache, hidden, _ = engine.prefill(params, cache, hidden, suffixes, np.zeros(b, np.int64))
   length = np.array([len(p) for p in prompts] + [0] * (b - n))
   active = np.arange(b) < n
   _, toks, lps, counts, _ = engine.decode(
-      params, cache, hidden, length, active, engine._rows(row_keys(rng, range(b))),
-      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-      stop_ids=stop_ids)
-  return [(toks[r, :counts[r]].copy(), lps[r, :counts[r]].copy()) for r in range(n)]
+    params,
+    cache,
+    hidden,
+    length,
+    active,
+    engine._rows(row_keys(rng, range(b))),
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    top_p=top_p,
+    top_k=top_k,
+    stop_ids=stop_ids,
+  )
+  return [(toks[r, : counts[r]].copy(), lps[r, : counts[r]].copy()) for r in range(n)]

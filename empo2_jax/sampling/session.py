@@ -33,6 +33,7 @@ releasing also works: the prefix check re-prefills it).
 reference path for tests and benchmarks. `stats` counts prefill tokens (real and padded), reused
 tokens, rollbacks, resets, truncations and generated tokens.
 """
+
 from __future__ import annotations
 
 import collections
@@ -58,9 +59,9 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 @dataclasses.dataclass
 class _Row:
-  view: np.ndarray      # tokens held in cache slots [0, len(view))
-  source: np.ndarray    # the untruncated history those slots stand for
-  keep: int = 0         # view == source[:keep] + source[cut:] when truncated (cut > keep)
+  view: np.ndarray  # tokens held in cache slots [0, len(view))
+  source: np.ndarray  # the untruncated history those slots stand for
+  keep: int = 0  # view == source[:keep] + source[cut:] when truncated (cut > keep)
   cut: int = 0
 
   @property
@@ -75,10 +76,20 @@ def _empty_row() -> _Row:
 class Session:
   """Cache slots for multi-turn episodes; see the module docstring."""
 
-  def __init__(self, params, config: Qwen2Config, *, num_rows: int, max_tokens: int,
-               settings: SamplerSettings = SamplerSettings(), keep_prefix: int = 0,
-               truncate_slack: Optional[int] = None, reuse_prefix: bool = True,
-               mesh: Optional[jax.sharding.Mesh] = None, engine: Optional[Engine] = None):
+  def __init__(
+    self,
+    params,
+    config: Qwen2Config,
+    *,
+    num_rows: int,
+    max_tokens: int,
+    settings: SamplerSettings = SamplerSettings(),
+    keep_prefix: int = 0,
+    truncate_slack: Optional[int] = None,
+    reuse_prefix: bool = True,
+    mesh: Optional[jax.sharding.Mesh] = None,
+    engine: Optional[Engine] = None,
+  ):
     if num_rows < 1 or max_tokens < 2:
       raise ValueError(f"need num_rows >= 1 and max_tokens >= 2; got {num_rows}, {max_tokens}")
     self.params, self.config = params, config
@@ -104,7 +115,7 @@ class Session:
     state = _Row(row.view, hist, 0, 0)
     if row.truncated and common_prefix(hist, row.source) >= row.cut:
       state.keep, state.cut = row.keep, row.cut
-    view = np.concatenate([hist[:state.keep], hist[state.cut:]]) if state.truncated else hist
+    view = np.concatenate([hist[: state.keep], hist[state.cut :]]) if state.truncated else hist
     room = self.max_tokens - max_new
     if len(view) <= room:
       return view, state
@@ -112,19 +123,28 @@ class Session:
     tail = max(1, room - keep - self.truncate_slack)
     state.keep, state.cut = keep, len(hist) - tail
     self.stats["truncations"] += 1
-    return np.concatenate([hist[:keep], hist[state.cut:]]), state
+    return np.concatenate([hist[:keep], hist[state.cut :]]), state
 
-  def step(self, requests: Mapping[int, Sequence[int]], *, max_new_tokens: int,
-           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-           stop_ids: Sequence[int] = (), rng: jax.Array,
-           keep_prefix: Optional[Mapping[int, int]] = None
-           ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+  def step(
+    self,
+    requests: Mapping[int, Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_ids: Sequence[int] = (),
+    rng: jax.Array,
+    keep_prefix: Optional[Mapping[int, int]] = None,
+  ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Sample one response per requested slot: {slot: (tokens int32 [n], logprobs float32 [n])}."""
     if not requests:
       return {}
     if max_new_tokens >= self.max_tokens:
-      raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in "
-                       f"max_tokens={self.max_tokens}; build the Session with more max_tokens")
+      raise ValueError(
+        f"max_new_tokens={max_new_tokens} leaves no room for a prompt in "
+        f"max_tokens={self.max_tokens}; build the Session with more max_tokens"
+      )
     b = self.num_rows
     suffixes: list[Optional[np.ndarray]] = [None] * b
     start = np.array([len(r.view) for r in self.rows], np.int64)
@@ -140,7 +160,7 @@ class Session:
       keep = (keep_prefix or {}).get(slot, self.keep_prefix)
       view, state = self._view(row, hist, max_new_tokens, keep)
       n = common_prefix(view, row.view) if self.reuse_prefix else 0
-      n = min(n, len(view) - 1)              # at least one token to prefill: its logits start decode
+      n = min(n, len(view) - 1)  # at least one token to prefill: its logits start decode
       if 0 < len(row.view) and n < len(row.view):
         self.stats["rollbacks" if n else "resets"] += 1
       self.stats["reused_tokens"] += n
@@ -149,23 +169,33 @@ class Session:
       pending[slot] = (view, state)
 
     self.cache, self.hidden, computed = self.engine.prefill(
-        self.params, self.cache, self.hidden, suffixes, start)
+      self.params, self.cache, self.hidden, suffixes, start
+    )
     self.stats["prefill_computed"] += computed
     length = start + np.array([len(s) if s is not None else 0 for s in suffixes])
     keys = self.engine._rows(row_keys(rng, range(b)))
     self.cache, toks, lps, counts, lengths = self.engine.decode(
-        self.params, self.cache, self.hidden, length, active, keys,
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        stop_ids=stop_ids)
+      self.params,
+      self.cache,
+      self.hidden,
+      length,
+      active,
+      keys,
+      max_new_tokens=max_new_tokens,
+      temperature=temperature,
+      top_p=top_p,
+      top_k=top_k,
+      stop_ids=stop_ids,
+    )
     self.stats["calls"] += 1
     out = {}
     for slot, (view, state) in pending.items():
-      new = toks[slot, :counts[slot]].copy()
-      fed = new[:-1]                          # the last sampled token is never written to cache
+      new = toks[slot, : counts[slot]].copy()
+      fed = new[:-1]  # the last sampled token is never written to cache
       state.view = np.concatenate([view, fed])
       state.source = np.concatenate([state.source, fed])
       assert lengths[slot] == len(state.view), (slot, lengths[slot], len(state.view))
       self.rows[slot] = state
       self.stats["generated_tokens"] += len(new)
-      out[slot] = (new, lps[slot, :counts[slot]].copy())
+      out[slot] = (new, lps[slot, : counts[slot]].copy())
     return out

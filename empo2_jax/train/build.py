@@ -1,4 +1,5 @@
 """Builds the trainer's parts from a config, with clear errors for settings that cannot work."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,30 +20,36 @@ def check_config(c) -> None:
   """Fail before any process starts or weight loads."""
   if not c.model.checkpoint and not c.model.random_init:
     raise ConfigError(
-        "config.model.checkpoint is empty: pass a Hugging Face Qwen2.5 directory (local or gs://), "
-        "e.g. --config.model.checkpoint=/path/to/Qwen2.5-7B-Instruct, or run the CPU demo with "
-        "--config=configs/sciworld.py:cpu (random-init small model)")
+      "config.model.checkpoint is empty: pass a Hugging Face Qwen2.5 directory (local or gs://), "
+      "e.g. --config.model.checkpoint=/path/to/Qwen2.5-7B-Instruct, or run the CPU demo with "
+      "--config=configs/sciworld.py:cpu (random-init small model)"
+    )
   if c.empo2.force_mode not in MODES:
     raise ConfigError(f"empo2.force_mode={c.empo2.force_mode!r}; valid: {MODES}")
   if c.empo2.ratio_variant not in ("paper", "release"):
     raise ConfigError(f"empo2.ratio_variant={c.empo2.ratio_variant!r}; valid: paper, release")
   if c.empo2.memory_key not in ("step", "final"):
-    raise ConfigError(f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final (the release "
-                      "keys by the final chat: memory_key=final with memory_key_text=chat)")
+    raise ConfigError(
+      f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final (the release "
+      "keys by the final chat: memory_key=final with memory_key_text=chat)"
+    )
   if c.empo2.memory_key_text not in ("recent", "chat"):
     raise ConfigError(f"empo2.memory_key_text={c.empo2.memory_key_text!r}; valid: recent, chat")
   if c.env.action_correction not in ("on_reject", "always"):
-    raise ConfigError(f"env.action_correction={c.env.action_correction!r}; "
-                      "valid: on_reject, always")
+    raise ConfigError(
+      f"env.action_correction={c.env.action_correction!r}; valid: on_reject, always"
+    )
   if c.optim.layout not in ("packed", "turn"):
-    raise ConfigError(f"optim.layout={c.optim.layout!r}; valid: packed (one row per episode "
-                      "and view), turn (one row per turn sample)")
+    raise ConfigError(
+      f"optim.layout={c.optim.layout!r}; valid: packed (one row per episode "
+      "and view), turn (one row per turn sample)"
+    )
   if c.optim.prompt_len_check not in ("both", "tip_free"):
-    raise ConfigError(f"optim.prompt_len_check={c.optim.prompt_len_check!r}; "
-                      "valid: both, tip_free")
+    raise ConfigError(f"optim.prompt_len_check={c.optim.prompt_len_check!r}; valid: both, tip_free")
   if c.advantage.estimator not in ("grpo_step", "grpo_rollout", "gigpo"):
-    raise ConfigError(f"advantage.estimator={c.advantage.estimator!r}; "
-                      "valid: grpo_step, grpo_rollout, gigpo")
+    raise ConfigError(
+      f"advantage.estimator={c.advantage.estimator!r}; valid: grpo_step, grpo_rollout, gigpo"
+    )
   if c.env.name != "scienceworld":
     raise ConfigError(f"env.name={c.env.name!r}; only 'scienceworld' is implemented")
   if c.rollout.group_size < 2:
@@ -53,7 +60,8 @@ def check_config(c) -> None:
   if c.loss.agg not in ("token_mean", "seq_mean"):
     raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: token_mean, seq_mean")
   kl_type(c.loss.kl_estimator)
-  from empo2_jax.envs.scienceworld import ALL_TASKS   # no JVM is started by this import
+  from empo2_jax.envs.scienceworld import ALL_TASKS  # no JVM is started by this import
+
   if c.env.task not in ALL_TASKS:
     raise ConfigError(f"env.task={c.env.task!r}; valid: {', '.join(ALL_TASKS)}")
   if c.model.checkpoint and c.model.random_init:
@@ -63,29 +71,33 @@ def check_config(c) -> None:
 
 def _check_numerics(c) -> None:
   """dtypes, mini-batching and lengths (SPEC §1 item 5, §8)."""
-  for key, value in (("model.param_dtype", c.model.param_dtype),
-                     ("model.compute_dtype", c.model.compute_dtype),
-                     ("rollout.cache_dtype", c.rollout.cache_dtype)):
+  for key, value in (
+    ("model.param_dtype", c.model.param_dtype),
+    ("model.compute_dtype", c.model.compute_dtype),
+    ("rollout.cache_dtype", c.rollout.cache_dtype),
+  ):
     if value not in model_configs.DTYPES:
       raise ConfigError(f"{key}={value!r}; valid: {', '.join(sorted(model_configs.DTYPES))}")
   if c.model.param_dtype != "float32":
     raise ConfigError(
-        f"model.param_dtype={c.model.param_dtype!r}: training keeps float32 master weights and "
-        "AdamW moments. In bfloat16 storage an lr-1e-6 AdamW step is far below half an ulp of a "
-        "typical weight (~1% of an ulp at |w| = 0.02) and rounds back to the old value, so the "
-        "policy would not learn. Set --config.model.param_dtype=float32; "
-        "--config.model.compute_dtype=bfloat16 keeps the matmuls in bf16.")
+      f"model.param_dtype={c.model.param_dtype!r}: training keeps float32 master weights and "
+      "AdamW moments. In bfloat16 storage an lr-1e-6 AdamW step is far below half an ulp of a "
+      "typical weight (~1% of an ulp at |w| = 0.02) and rounds back to the old value, so the "
+      "policy would not learn. Set --config.model.param_dtype=float32; "
+      "--config.model.compute_dtype=bfloat16 keeps the matmuls in bf16."
+    )
   for key in ("minibatch_size", "micro_rows", "epochs"):
     if c.optim[key] < 1:
       raise ConfigError(f"optim.{key}={c.optim[key]} must be >= 1")
   need = c.optim.max_prompt_len + c.rollout.max_new_tokens
   if need > c.rollout.max_context:
     raise ConfigError(
-        f"optim.max_prompt_len ({c.optim.max_prompt_len}) + rollout.max_new_tokens "
-        f"({c.rollout.max_new_tokens}) = {need} exceeds rollout.max_context "
-        f"({c.rollout.max_context}): a prompt the update accepts would not fit the sampler's "
-        f"context. Lower optim.max_prompt_len to at most "
-        f"{c.rollout.max_context - c.rollout.max_new_tokens} or raise rollout.max_context.")
+      f"optim.max_prompt_len ({c.optim.max_prompt_len}) + rollout.max_new_tokens "
+      f"({c.rollout.max_new_tokens}) = {need} exceeds rollout.max_context "
+      f"({c.rollout.max_context}): a prompt the update accepts would not fit the sampler's "
+      f"context. Lower optim.max_prompt_len to at most "
+      f"{c.rollout.max_context - c.rollout.max_new_tokens} or raise rollout.max_context."
+    )
 
 
 def kl_type(name: str) -> str:
@@ -105,12 +117,15 @@ def checkpoint_path(c) -> str:
   ckpt = c.model.checkpoint
   if not ckpt.startswith("embedded:"):
     return ckpt
-  name = ckpt[len("embedded:"):]
+  name = ckpt[len("embedded:") :]
   if name not in EMBEDDED_MODELS:
-    raise ConfigError(f"model.checkpoint={ckpt!r}: no embedded model {name!r}; valid: "
-                      f"{', '.join('embedded:' + k for k in EMBEDDED_MODELS)}")
+    raise ConfigError(
+      f"model.checkpoint={ckpt!r}: no embedded model {name!r}; valid: "
+      f"{', '.join('embedded:' + k for k in EMBEDDED_MODELS)}"
+    )
   module, fn = EMBEDDED_MODELS[name].split(":")
   import importlib
+
   try:
     return getattr(importlib.import_module(module), fn)()
   except FileNotFoundError as e:
@@ -131,13 +146,14 @@ def policy(c):
 
 def tokenizer(c):
   from empo2_jax.model.tokenizer import load_tokenizer
+
   path = c.model.tokenizer or (checkpoint_path(c) if c.model.checkpoint else None)
   try:
     return load_tokenizer(path)
   except FileNotFoundError:
     if c.model.tokenizer:
       raise
-    return load_tokenizer(None)   # a weights-only checkpoint dir: the bundled Qwen2.5 tokenizer
+    return load_tokenizer(None)  # a weights-only checkpoint dir: the bundled Qwen2.5 tokenizer
 
 
 def mesh(c):
@@ -149,15 +165,21 @@ def mesh(c):
   if len(jax.devices()) == 1:
     return None
   from empo2_jax.parallel import mesh as mesh_lib
+
   return mesh_lib.make_mesh(dict(c.mesh))
 
 
 def env_config(c):
   """The SciWorldConfig of config.env (the agent's step limit included)."""
   from empo2_jax.envs.scienceworld import SciWorldConfig
-  kw = dict(simplification=c.env.simplification, num_train_rows=c.env.num_train_rows,
-            num_test_rows=c.env.num_test_rows, java_tool_options=c.env.java_tool_options,
-            action_correction=c.env.action_correction)
+
+  kw = dict(
+    simplification=c.env.simplification,
+    num_train_rows=c.env.num_train_rows,
+    num_test_rows=c.env.num_test_rows,
+    java_tool_options=c.env.java_tool_options,
+    action_correction=c.env.action_correction,
+  )
   if c.env.max_steps:
     kw.update(default_max_steps=c.env.max_steps, max_steps_overrides=())
   return SciWorldConfig(**kw)
@@ -167,12 +189,18 @@ def envs(c):
   """(EnvPool, a local SciWorldEnv for prompt material) for config.env."""
   from empo2_jax.envs.pool import EnvPool, PoolConfig
   from empo2_jax.envs.scienceworld import SciWorldEnv
+
   env_cfg = env_config(c)
-  pool = EnvPool(env_cfg, PoolConfig(num_workers=c.env.workers,
-                                     java_tool_options=c.env.java_tool_options,
-                                     call_timeout_s=c.env.call_timeout_s,
-                                     max_retries=c.env.max_retries))
-  try:   # the local env replays gold trajectories: no agent step limit of the demo configs
+  pool = EnvPool(
+    env_cfg,
+    PoolConfig(
+      num_workers=c.env.workers,
+      java_tool_options=c.env.java_tool_options,
+      call_timeout_s=c.env.call_timeout_s,
+      max_retries=c.env.max_retries,
+    ),
+  )
+  try:  # the local env replays gold trajectories: no agent step limit of the demo configs
     env = SciWorldEnv(dataclasses.replace(env_cfg, default_max_steps=1000, max_steps_overrides=()))
     if c.env.task not in env.tasks:
       raise ConfigError(f"env.task={c.env.task!r}; valid: {', '.join(env.tasks)}")
@@ -187,11 +215,21 @@ def memory(c):
   from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
   from empo2_jax.memory.store import MemoryStore
   from empo2_jax.model.encoder import Encoder
+
   encoder = Encoder.load(c.memory.encoder_dir or None)
   store = MemoryStore(dim=encoder.dim, max_per_slot=c.memory.max_entries)
   index = MemoryIndex(store, RetrievalConfig(threshold=c.memory.threshold, top_k=c.memory.top_k))
   return encoder, store, index
 
 
-__all__ = ["check_config", "checkpoint_path", "policy", "tokenizer", "mesh", "env_config", "envs", "memory",
-           "kl_type"]
+__all__ = [
+  "check_config",
+  "checkpoint_path",
+  "policy",
+  "tokenizer",
+  "mesh",
+  "env_config",
+  "envs",
+  "memory",
+  "kl_type",
+]

@@ -14,19 +14,24 @@ Per-iteration keys are fold_in(rng, iteration) and rows come from the cursor, so
 are the whole loop state; the reference policy (KL) is rebuilt from the config like the first time.
 
 Saves are async (the device->host copy blocks, the writes do not). orbax writes a step into a
-temporary directory and renames it when complete (GCS: a commit marker), so a process killed mid-save
+temporary directory and renames it when complete (GCS: a commit marker), so a process killed
+mid-save
 leaves no step that looks complete. A step that looks complete but does not restore (truncated or
-deleted files) is moved aside to `corrupt-<step>-<time>` with a warning naming it, and the step before
+deleted files) is moved aside to `corrupt-<step>-<time>` with a warning naming it, and the step
+before
 is tried. Paths go through etils.epath, so a gs:// workdir works like a local one.
 
 Exact resume (tests/test_checkpoint_resume.py): everything random is keyed by (seed, iteration) or
 restored above; the memory index is rebuilt from the restored store (exact search, which every slot
-up to RetrievalConfig.exact_max entries uses, depends only on the store; a ScaNN searcher of a larger
+up to RetrievalConfig.exact_max entries uses, depends only on the store; a ScaNN searcher of a
+larger
 slot is rebuilt at a different moment than in the uninterrupted run, so its approximate answers may
-differ). ScienceWorld lists objects in identity-hash order, which depends on what the JVM did before;
+differ). ScienceWorld lists objects in identity-hash order, which depends on what the JVM did
+before;
 configs/base.py starts the JVMs with -XX:hashCode=2 so a fresh JVM shows the same observations.
 Not restored: TensorBoard events past the checkpoint (the viewer shows the rewritten steps twice).
 """
+
 from __future__ import annotations
 
 import io
@@ -72,7 +77,7 @@ def read_records(workdir, upto: Optional[int] = None) -> list[dict]:
       continue
     try:
       rec = json.loads(line)
-    except json.JSONDecodeError:      # a line cut by the kill: later iterations are re-run
+    except json.JSONDecodeError:  # a line cut by the kill: later iterations are re-run
       break
     if upto is None or rec.get("iteration", 0) <= upto:
       out.append(rec)
@@ -87,7 +92,8 @@ def rewrite_records(workdir, records: list[dict]) -> None:
   tmp.replace(path)
 
 
-# -- the checkpointer ---------------------------------------------------------------------------------
+# -- the checkpointer
+# ---------------------------------------------------------------------------------
 class Checkpointer:
   """An orbax CheckpointManager over `directory` with the fallback restore described above."""
 
@@ -102,27 +108,48 @@ class Checkpointer:
   def manager(self) -> ocp.CheckpointManager:
     if self._mgr is None:
       self._mgr = ocp.CheckpointManager(
-          self.directory, item_names=(STATE, MEMORY, META),
-          options=ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
-                                               cleanup_tmp_directories=True,
-                                               enable_async_checkpointing=self.async_save))
+        self.directory,
+        item_names=(STATE, MEMORY, META),
+        options=ocp.CheckpointManagerOptions(
+          max_to_keep=self.keep,
+          create=True,
+          cleanup_tmp_directories=True,
+          enable_async_checkpointing=self.async_save,
+        ),
+      )
     return self._mgr
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def save(self, step: int, state: Any, memory_blob: np.ndarray, meta: dict, *,
-           wait: bool = False) -> None:
-    self.manager.save(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardSave(state), MEMORY: ocp.args.StandardSave({"npz": memory_blob}),
-        META: ocp.args.JsonSave(meta)}), force=True)
+  def save(
+    self, step: int, state: Any, memory_blob: np.ndarray, meta: dict, *, wait: bool = False
+  ) -> None:
+    self.manager.save(
+      step,
+      args=ocp.args.Composite(
+        **{
+          STATE: ocp.args.StandardSave(state),
+          MEMORY: ocp.args.StandardSave({"npz": memory_blob}),
+          META: ocp.args.JsonSave(meta),
+        }
+      ),
+      force=True,
+    )
     if wait:
       self.wait()
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, np.ndarray, dict]:
-    out = self.manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(abstract_state), MEMORY: ocp.args.StandardRestore(),
-        META: ocp.args.JsonRestore()}))
+    out = self.manager.restore(
+      step,
+      args=ocp.args.Composite(
+        **{
+          STATE: ocp.args.StandardRestore(abstract_state),
+          MEMORY: ocp.args.StandardRestore(),
+          META: ocp.args.JsonRestore(),
+        }
+      ),
+    )
     return out[STATE], np.asarray(out[MEMORY]["npz"], np.uint8), out[META]
 
   def restore_latest(self, abstract_state: Any, check=None):
@@ -144,15 +171,22 @@ class Checkpointer:
         path = self.directory / str(step)
         errors.append(f"{path}: {type(e).__name__}: {e}")
         moved = self._quarantine(step)
-        log.warning("checkpoint %s cannot be restored (%s: %s); moved it to %s and trying the "
-                    "step before", path, type(e).__name__, str(e)[:300], moved)
-    raise RuntimeError("no checkpoint under %s could be restored:\n  %s\nmove the directory "
-                       "away to start from scratch" % (self.directory, "\n  ".join(errors)))
+        log.warning(
+          "checkpoint %s cannot be restored (%s: %s); moved it to %s and trying the step before",
+          path,
+          type(e).__name__,
+          str(e)[:300],
+          moved,
+        )
+    raise RuntimeError(
+      "no checkpoint under %s could be restored:\n  %s\nmove the directory "
+      "away to start from scratch" % (self.directory, "\n  ".join(errors))
+    )
 
   def _quarantine(self, step: int) -> epath.Path:
     src = self.directory / str(step)
     dst = self.directory / f"corrupt-{step}-{int(time.time())}"
-    self.close()                     # the manager caches its step list; reopen after the move
+    self.close()  # the manager caches its step list; reopen after the move
     src.rename(dst)
     return dst
 
@@ -167,7 +201,8 @@ class Checkpointer:
       self._mgr = None
 
 
-# -- the trainer's state ------------------------------------------------------------------------------
+# -- the trainer's state
+# ------------------------------------------------------------------------------
 def _flatten(d: dict, prefix: str = "") -> dict:
   out = {}
   for k, v in d.items():
@@ -178,9 +213,14 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
   """Checkpoint `trainer` after its last completed iteration; returns the step (= iteration)."""
   step = int(trainer.iteration)
-  meta = {"format": FORMAT_VERSION, "iteration": step, "row_cursor": int(trainer.row_cursor),
-          "config": json.loads(trainer.config.to_json()), "saved_at": time.time(),
-          "metrics": read_records(trainer.workdir, upto=step)}
+  meta = {
+    "format": FORMAT_VERSION,
+    "iteration": step,
+    "row_cursor": int(trainer.row_cursor),
+    "config": json.loads(trainer.config.to_json()),
+    "saved_at": time.time(),
+    "metrics": read_records(trainer.workdir, upto=step),
+  }
   state = {"train": trainer.state, "rng": trainer.rng}
   ckpt.save(step, state, memory_to_blob(trainer.memory.store), meta, wait=wait)
   return step
@@ -192,13 +232,14 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   With `rewrite_metrics`, also rewrites metrics.jsonl to the checkpoint's records, so lines
   written after it (by the run that was killed) are dropped and the resumed iterations are written
   once. Readers that only evaluate (launch/eval.py) pass False."""
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"train": trainer.state,
-                                                            "rng": trainer.rng})
+  abstract = jax.tree.map(
+    ocp.utils.to_shape_dtype_struct, {"train": trainer.state, "rng": trainer.rng}
+  )
   stores = {}
 
   def check(state, blob, meta):
     del state
-    stores["memory"] = memory_from_blob(blob)            # a corrupt blob fails here, not later
+    stores["memory"] = memory_from_blob(blob)  # a corrupt blob fails here, not later
     for k in ("iteration", "row_cursor"):
       if not isinstance(meta.get(k), int):
         raise ValueError(f"meta has no integer {k!r}")
@@ -215,13 +256,28 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   now, then = _flatten(json.loads(trainer.config.to_json())), _flatten(meta.get("config", {}))
   changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
   if changed:
-    log.warning("resuming from %s with a different config in %s (checkpoint -> now): %s",
-                ckpt.directory / str(step), len(changed),
-                ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed))
-  log.info("resumed from %s: iteration %d, row cursor %d, %d memories", ckpt.directory / str(step),
-           trainer.iteration, trainer.row_cursor, len(trainer.memory.store))
+    log.warning(
+      "resuming from %s with a different config in %s (checkpoint -> now): %s",
+      ckpt.directory / str(step),
+      len(changed),
+      ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed),
+    )
+  log.info(
+    "resumed from %s: iteration %d, row cursor %d, %d memories",
+    ckpt.directory / str(step),
+    trainer.iteration,
+    trainer.row_cursor,
+    len(trainer.memory.store),
+  )
   return step
 
 
-__all__ = ["Checkpointer", "save_trainer", "restore_trainer", "memory_to_blob",
-           "memory_from_blob", "read_records", "rewrite_records"]
+__all__ = [
+  "Checkpointer",
+  "save_trainer",
+  "restore_trainer",
+  "memory_to_blob",
+  "memory_from_blob",
+  "read_records",
+  "rewrite_records",
+]

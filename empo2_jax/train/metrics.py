@@ -2,6 +2,7 @@
 and a live progress bar. Only scalars (ints, floats, bools) go to TensorBoard; strings (the mode)
 go to the JSONL file only.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,19 +25,26 @@ def _scalar(v: Any):
 
 
 class MetricsWriter:
-
-  def __init__(self, workdir: str, total: Optional[int] = None, start: int = 0,
-               progress: bool = True, tensorboard: bool = True):
+  def __init__(
+    self,
+    workdir: str,
+    total: Optional[int] = None,
+    start: int = 0,
+    progress: bool = True,
+    tensorboard: bool = True,
+  ):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._f = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
+
       self._tb = SummaryWriter(os.path.join(workdir, "tb"))
     self._bar = None
     if progress:
       from tqdm import tqdm
+
       self._bar = tqdm(total=total, initial=start, desc="empo2", dynamic_ncols=True)
 
   def write(self, step: int, metrics: dict) -> None:
@@ -52,10 +60,21 @@ class MetricsWriter:
           self._tb.add_scalar(k, v, step)
       self._tb.flush()
     if self._bar is not None:
-      show = {k: record[k] for k in ("mode", "return_mean", "success", "loss/pg_loss", "memory_size",
-                                     "eval/return_mean") if k in record}
-      self._bar.set_postfix({k: (f"{v:.3g}" if isinstance(v, float) else v)
-                             for k, v in show.items()})
+      show = {
+        k: record[k]
+        for k in (
+          "mode",
+          "return_mean",
+          "success",
+          "loss/pg_loss",
+          "memory_size",
+          "eval/return_mean",
+        )
+        if k in record
+      }
+      self._bar.set_postfix(
+        {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in show.items()}
+      )
       self._bar.update(1)
 
   def close(self) -> None:

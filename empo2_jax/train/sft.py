@@ -13,6 +13,7 @@ tips, and the gold action as each assistant turn. A gold episode becomes one pac
 turn t. The loss is the token-mean negative log-likelihood of the assistant answers (their text and
 the end-of-turn token); prompts, the chat template's role headers and padding are not scored.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,13 +41,14 @@ class SFTConfig:
   adam_b2: float = 0.999
   adam_eps: float = 1e-8
   max_grad_norm: float = 1.0
-  micro_rows: int = 1          # rows per forward/backward (gradient accumulation unit)
+  micro_rows: int = 1  # rows per forward/backward (gradient accumulation unit)
   vocab_chunk: int = 8192
 
 
 # ---------------------------------------------------------------------------------------------
 # Data: gold trajectory -> chat -> packed token row with a loss mask
 # ---------------------------------------------------------------------------------------------
+
 
 def gold_chat(material, traj, max_turns: int = 0) -> list[dict]:
   """The actor's chat for a gold episode: user/assistant messages, the gold action as each answer.
@@ -65,8 +67,9 @@ def gold_chat(material, traj, max_turns: int = 0) -> list[dict]:
 
 def _chat_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
   """Token ids of a chat, tokenised the way the actor does (template text, then encode)."""
-  text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt)
+  text = tokenizer.apply_chat_template(
+    messages, tokenize=False, add_generation_prompt=add_generation_prompt
+  )
   return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -83,16 +86,18 @@ def chat_turns(tokenizer, messages) -> tuple[list[list[int]], list[list[int]]]:
     if m["role"] != "assistant":
       continue
     prompt = _chat_ids(tokenizer, messages[:t], True)
-    full = _chat_ids(tokenizer, messages[:t + 1], False)
-    if full[:len(prompt)] != prompt:
-      raise ValueError(f"the chat template does not extend the generation prompt at message {t}; "
-                       "the tokenizer's template is not a ChatML-style growing chat")
-    answer = full[len(prompt):]
+    full = _chat_ids(tokenizer, messages[: t + 1], False)
+    if full[: len(prompt)] != prompt:
+      raise ValueError(
+        f"the chat template does not extend the generation prompt at message {t}; "
+        "the tokenizer's template is not a ChatML-style growing chat"
+      )
+    answer = full[len(prompt) :]
     end = next((i for i, tok in enumerate(answer) if tok in stops), None)
     if end is None:
       raise ValueError(f"no end-of-turn token ({sorted(stops)}) after assistant message {t}")
     out_p.append(prompt)
-    out_r.append(answer[:end + 1])
+    out_r.append(answer[: end + 1])
   return out_p, out_r
 
 
@@ -106,7 +111,7 @@ def chat_rows(tokenizer, chats: Sequence[list[dict]], max_len: int) -> list[Pack
         continue
       last = keep[-1]
       end = row.spans[last][0] + row.spans[last][1]
-      rows.append(PackedRow(row.tokens[:end], row.spans[:last + 1], row.turn_ids[:last + 1]))
+      rows.append(PackedRow(row.tokens[:end], row.spans[: last + 1], row.turn_ids[: last + 1]))
   return rows
 
 
@@ -119,16 +124,17 @@ def pad_rows(rows: Sequence[PackedRow], pad_id: int, bucket: int = 128) -> dict:
   attn = np.zeros((len(rows), length), np.int32)
   loss_mask = np.zeros((len(rows), length), np.int32)
   for b, r in enumerate(rows):
-    tokens[b, :len(r.tokens)] = r.tokens
-    attn[b, :len(r.tokens)] = 1
+    tokens[b, : len(r.tokens)] = r.tokens
+    attn[b, : len(r.tokens)] = 1
     for s, n in r.spans:
-      loss_mask[b, s:s + n] = 1
+      loss_mask[b, s : s + n] = 1
   return {"tokens": tokens, "attn": attn, "loss_mask": loss_mask}
 
 
 # ---------------------------------------------------------------------------------------------
 # Kernel: masked next-token NLL and the jitted step
 # ---------------------------------------------------------------------------------------------
+
 
 def answer_nll(params, model_config, tokens_bl, attn_bl, loss_mask_bl, vocab_chunk: int = 8192):
   """(sum of -log p over answer tokens, number of answer tokens). Position t-1 predicts token t;
@@ -150,15 +156,18 @@ def make_sft_step(model_config, cfg: SFTConfig, optimizer=None):
     b = batch["tokens"].shape[0]
     if b % cfg.micro_rows:
       raise ValueError(f"batch of {b} rows is not a multiple of micro_rows={cfg.micro_rows}")
-    chunks = jax.tree.map(lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]),
-                          batch)
+    chunks = jax.tree.map(
+      lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]), batch
+    )
     n_tok = jnp.maximum(jnp.sum(batch["loss_mask"][:, 1:]).astype(jnp.float32), 1.0)
 
     def micro(grads, d):
       def loss_fn(p):
-        nll, _ = answer_nll(p, model_config, d["tokens"], d["attn"], d["loss_mask"],
-                            cfg.vocab_chunk)
+        nll, _ = answer_nll(
+          p, model_config, d["tokens"], d["attn"], d["loss_mask"], cfg.vocab_chunk
+        )
         return nll / n_tok
+
       loss, g = jax.value_and_grad(loss_fn)(state.params)
       return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), grads, g), loss
 
@@ -177,14 +186,27 @@ def make_eval_loss(model_config, cfg: SFTConfig):
 
   def f(params, batch):
     b = batch["tokens"].shape[0]
-    chunks = jax.tree.map(lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]),
-                          batch)
-    sums = jax.lax.map(lambda d: jnp.stack(answer_nll(
-        params, model_config, d["tokens"], d["attn"], d["loss_mask"], cfg.vocab_chunk)), chunks)
+    chunks = jax.tree.map(
+      lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]), batch
+    )
+    sums = jax.lax.map(
+      lambda d: jnp.stack(
+        answer_nll(params, model_config, d["tokens"], d["attn"], d["loss_mask"], cfg.vocab_chunk)
+      ),
+      chunks,
+    )
     return jnp.sum(sums[:, 0]) / jnp.maximum(jnp.sum(sums[:, 1]), 1.0)
 
   return jax.jit(f)
 
 
-__all__ = ["SFTConfig", "gold_chat", "chat_turns", "chat_rows", "pad_rows", "answer_nll",
-           "make_sft_step", "make_eval_loss"]
+__all__ = [
+  "SFTConfig",
+  "gold_chat",
+  "chat_turns",
+  "chat_rows",
+  "pad_rows",
+  "answer_nll",
+  "make_sft_step",
+  "make_eval_loss",
+]

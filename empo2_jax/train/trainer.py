@@ -6,6 +6,7 @@
 Everything with side effects (env processes, files, the JVMs) lives here and in the actor; the
 update, losses and advantages are the pure kernels of empo2_jax.rl.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,32 +52,46 @@ class NonFiniteError(FloatingPointError):
 
 
 class Trainer:
-
   def __init__(self, config, workdir: str, *, progress: bool = True):
-    if "://" not in str(workdir):      # orbax wants absolute local paths
+    if "://" not in str(workdir):  # orbax wants absolute local paths
       workdir = os.path.abspath(workdir)
     self.config, self.workdir = config, workdir
-    build.check_config(config)            # fails at once on a missing checkpoint, bad mode, ...
+    build.check_config(config)  # fails at once on a missing checkpoint, bad mode, ...
     os.makedirs(workdir, exist_ok=True)
     c = config
     self.model_config, params = build.policy(c)
     self.tokenizer = build.tokenizer(c)
     self.mesh = build.mesh(c)
     self.update_cfg = update_lib.UpdateConfig(
-        learning_rate=c.optim.lr, weight_decay=c.optim.weight_decay, adam_b1=c.optim.b1,
-        adam_b2=c.optim.b2, max_grad_norm=c.optim.grad_clip,
-        minibatch_size=c.optim.minibatch_size, micro_rows=c.optim.micro_rows,
-        ppo_epochs=c.optim.epochs, temperature=c.rollout.temperature,
-        loss=LossConfig(clip_eps_low=c.loss.eps_low, clip_eps_high=c.loss.eps_high,
-                        dual_clip_c=c.loss.dual_clip or None, agg=c.loss.agg,
-                        kl_coef=c.loss.kl_coef, kl_type=build.kl_type(c.loss.kl_estimator),
-                        entropy_coef=c.loss.entropy_coef, low_prob_mask=c.loss.low_prob_mask,
-                        low_prob_delta=c.loss.low_prob_delta))
+      learning_rate=c.optim.lr,
+      weight_decay=c.optim.weight_decay,
+      adam_b1=c.optim.b1,
+      adam_b2=c.optim.b2,
+      max_grad_norm=c.optim.grad_clip,
+      minibatch_size=c.optim.minibatch_size,
+      micro_rows=c.optim.micro_rows,
+      ppo_epochs=c.optim.epochs,
+      temperature=c.rollout.temperature,
+      loss=LossConfig(
+        clip_eps_low=c.loss.eps_low,
+        clip_eps_high=c.loss.eps_high,
+        dual_clip_c=c.loss.dual_clip or None,
+        agg=c.loss.agg,
+        kl_coef=c.loss.kl_coef,
+        kl_type=build.kl_type(c.loss.kl_estimator),
+        entropy_coef=c.loss.entropy_coef,
+        low_prob_mask=c.loss.low_prob_mask,
+        low_prob_delta=c.loss.low_prob_delta,
+      ),
+    )
     self.batch_cfg = batch_lib.BatchConfig(
-        max_prompt_len=c.optim.max_prompt_len, response_len=c.rollout.max_new_tokens,
-        ratio_variant=c.empo2.ratio_variant, pad_id=self.tokenizer.pad_token_id,
-        prompt_len_check=c.optim.prompt_len_check,
-        row_multiple=c.optim.micro_rows)   # rl/minibatch.arrange then lays out the update's rows
+      max_prompt_len=c.optim.max_prompt_len,
+      response_len=c.rollout.max_new_tokens,
+      ratio_variant=c.empo2.ratio_variant,
+      pad_id=self.tokenizer.pad_token_id,
+      prompt_len_check=c.optim.prompt_len_check,
+      row_multiple=c.optim.micro_rows,
+    )  # rl/minibatch.arrange then lays out the update's rows
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     self.state, self._update = self._init_state(params)
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
@@ -86,23 +101,36 @@ class Trainer:
       task = c.env.task
       self.train_rows = env.rows(task, "train")
       self.test_rows = env.rows(task, "test")
-      materials = material_for(env, task, self.train_rows + self.test_rows,
-                               n_few_shot=c.env.few_shot)
+      materials = material_for(
+        env, task, self.train_rows + self.test_rows, n_few_shot=c.env.few_shot
+      )
       self.memory = Memory(*build.memory(c))
     except BaseException:
-      self.pool.close()          # no worker or JVM outlives a failed start
+      self.pool.close()  # no worker or JVM outlives a failed start
       raise
     finally:
       env.close()
-    self.actor = Actor(self.pool, self.tokenizer, materials, self.memory, ActorSettings(
-        max_new_tokens=c.rollout.max_new_tokens, max_context=c.rollout.max_context,
-        top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-        tip_max_new_tokens=c.empo2.tip_max_new_tokens, tip_temperature=c.empo2.tip_temperature,
-        intrinsic_scale=c.empo2.intrinsic_scale, intrinsic_reward=c.empo2.intrinsic_reward,
-        memory_key=c.empo2.memory_key, memory_key_text=c.empo2.memory_key_text,
-        cache_dtype=c.rollout.cache_dtype),
-        # Multi-host: each host samples its share of the episodes on its own devices.
-        mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh))
+    self.actor = Actor(
+      self.pool,
+      self.tokenizer,
+      materials,
+      self.memory,
+      ActorSettings(
+        max_new_tokens=c.rollout.max_new_tokens,
+        max_context=c.rollout.max_context,
+        top_p=c.rollout.top_p,
+        top_k=c.rollout.top_k,
+        tip_max_new_tokens=c.empo2.tip_max_new_tokens,
+        tip_temperature=c.empo2.tip_temperature,
+        intrinsic_scale=c.empo2.intrinsic_scale,
+        intrinsic_reward=c.empo2.intrinsic_reward,
+        memory_key=c.empo2.memory_key,
+        memory_key_text=c.empo2.memory_key_text,
+        cache_dtype=c.rollout.cache_dtype,
+      ),
+      # Multi-host: each host samples its share of the episodes on its own devices.
+      mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh),
+    )
     # A host (numpy) copy: every process holds the same key, and orbax refuses to checkpoint
     # host-local jax arrays in a multi-host run.
     self.rng = np.asarray(jax.random.PRNGKey(c.seed))
@@ -112,11 +140,13 @@ class Trainer:
     self.metrics = MetricsWriter(workdir, total=c.train.iterations, progress=progress)
     # Checkpoints (train/checkpoint.py): every checkpoint_every iterations (0: never), at the end,
     # and after the iteration in progress when SIGTERM (a preemption notice) arrives.
-    self.checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                              keep=c.train.keep_checkpoints)
+    self.checkpointer = ckpt_lib.Checkpointer(
+      os.path.join(workdir, "checkpoints"), keep=c.train.keep_checkpoints
+    )
     self.episode_log = None
     if c.train.save_episodes:
       from empo2_jax.data.trajectories import EpisodeLog
+
       self.episode_log = EpisodeLog(os.path.join(workdir, "episodes"))
     self.preempted = False
     self._sigterm = False
@@ -128,22 +158,32 @@ class Trainer:
   def _init_state(self, params):
     """Train state and jitted update; on a multi-device mesh both follow the sharding rules
     (params, AdamW moments: fsdp/tensor by regex; batches over data x fsdp)."""
-    init = lambda p: update_lib.init_train_state(p, self.optimizer)
+
+    def init(p):
+      return update_lib.init_train_state(p, self.optimizer)
+
     if self.mesh is None:
-      return init(params), update_lib.make_update_fn(self.model_config, self.update_cfg,
-                                                     self.optimizer)
+      return init(params), update_lib.make_update_fn(
+        self.model_config, self.update_cfg, self.optimizer
+      )
     from empo2_jax.parallel import sharding as shd
+
     params = shd.shard_tree(params, self.mesh)
     state_sh = shd.tree_shardings(jax.eval_shape(init, params), self.mesh)
     state = jax.jit(init, out_shardings=state_sh)(params)
-    update = update_lib.make_update_fn(self.model_config, self.update_cfg, self.optimizer,
-                                       batch_sharding=shd.batch_sharding(self.mesh),
-                                       state_sharding=state_sh)
+    update = update_lib.make_update_fn(
+      self.model_config,
+      self.update_cfg,
+      self.optimizer,
+      batch_sharding=shd.batch_sharding(self.mesh),
+      state_sharding=state_sh,
+    )
     return state, update
 
   def set_memory_store(self, store) -> None:
     """Swap in a restored memory; the index is rebuilt (its caches belong to the old store)."""
     from empo2_jax.memory.index import MemoryIndex
+
     self.memory.store = store
     self.memory.index = MemoryIndex(store, self.memory.index.cfg)
 
@@ -152,16 +192,20 @@ class Trainer:
 
     read_only (evaluation): load the state but leave the run's metrics and episodes untouched.
     """
-    if read_only or jax.process_index() != 0:    # multi-host: process 0 owns the run's files
+    if read_only or jax.process_index() != 0:  # multi-host: process 0 owns the run's files
       return ckpt_lib.restore_trainer(self.checkpointer, self, rewrite_metrics=False)
-    self.metrics.close()            # metrics.jsonl is rewritten to the checkpoint's records
+    self.metrics.close()  # metrics.jsonl is rewritten to the checkpoint's records
     try:
       step = ckpt_lib.restore_trainer(self.checkpointer, self)
-      if step is None:              # a fresh start: drop records of an earlier, unsaved attempt
+      if step is None:  # a fresh start: drop records of an earlier, unsaved attempt
         ckpt_lib.rewrite_records(self.workdir, [])
     finally:
-      self.metrics = MetricsWriter(self.workdir, total=self.config.train.iterations,
-                                   start=self.iteration, progress=self.progress)
+      self.metrics = MetricsWriter(
+        self.workdir,
+        total=self.config.train.iterations,
+        start=self.iteration,
+        progress=self.progress,
+      )
     if step is not None and self.episode_log is not None:
       self.episode_log.drop_after(step)
     return step
@@ -207,9 +251,17 @@ class Trainer:
     rows = self._rows_for_iteration()
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
     # Multi-host: every host steps its share of the episodes; all get every episode back.
-    episodes = self.actor.rollout(self._sampling_params(), self.model_config, specs,
-                                  use_memory=use_memory, temperature=c.rollout.temperature,
-                                  rng=k_roll, mode=mode, reflect=True, iteration=it)
+    episodes = self.actor.rollout(
+      self._sampling_params(),
+      self.model_config,
+      specs,
+      use_memory=use_memory,
+      temperature=c.rollout.temperature,
+      rng=k_roll,
+      mode=mode,
+      reflect=True,
+      iteration=it,
+    )
     roll_stats = dict(self.actor.last_stats)
     timing["time/rollout_and_reflect"] = time.perf_counter() - t0
 
@@ -220,17 +272,17 @@ class Trainer:
     turns = [t for e in ok for t in e.turns]
     adv_kwargs = {}
     if c.advantage.estimator == "gigpo":
-      adv_kwargs = dict(gamma=c.advantage.gamma, step_weight=c.advantage.step_weight,
-                        use_std=c.advantage.use_std)
+      adv_kwargs = dict(
+        gamma=c.advantage.gamma, step_weight=c.advantage.step_weight, use_std=c.advantage.use_std
+      )
     advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
     # optim.layout: one row per episode and view ("packed", rl/packing.py) or one per turn.
-    build_fn = (batch_lib.build_packed_batch if c.optim.layout == "packed"
-                else batch_lib.build_batch)
+    build_fn = batch_lib.build_packed_batch if c.optim.layout == "packed" else batch_lib.build_batch
     batch, bstats = build_fn(turns, advantages, self.tokenizer, self.batch_cfg)
     # Shuffled mini-batches of optim.minibatch_size samples (SPEC §1 item 5); the shuffle depends
     # on (seed, iteration) only, so a resumed run repeats it exactly.
     batch, layout = minibatch_lib.arrange(batch, self.update_cfg, seed=(c.seed, it))
-    self.last_batch = batch          # host copy as the update sees it (tests, debugging)
+    self.last_batch = batch  # host copy as the update sees it (tests, debugging)
     timing["time/batching"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -238,43 +290,57 @@ class Trainer:
       args = (self.ref_params,) if self.ref_params is not None else ()
       if self.mesh is not None:
         from empo2_jax.parallel import sharding as shd
+
         batch = shd.shard_batch(batch, self.mesh)
       self.state, upd = self._update(self.state, batch, *args)
       # Loss metrics are per-step means; optim_steps and param_update_norm (the global norm of
       # this iteration's weight change) describe the whole update and keep their own names.
-      upd = {(k if k in ("optim_steps", "param_update_norm") else f"loss/{k}"): float(v)
-             for k, v in jax.device_get(upd).items()}
+      upd = {
+        (k if k in ("optim_steps", "param_update_norm") else f"loss/{k}"): float(v)
+        for k, v in jax.device_get(upd).items()
+      }
       if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
-        raise RuntimeError(f"iteration {it}: the update took {upd['optim_steps']:g} optimizer "
-                           f"steps for {layout['num_minibatches']} mini-batches x "
-                           f"{c.optim.epochs} epochs")
+        raise RuntimeError(
+          f"iteration {it}: the update took {upd['optim_steps']:g} optimizer "
+          f"steps for {layout['num_minibatches']} mini-batches x "
+          f"{c.optim.epochs} epochs"
+        )
     else:
       upd = {"optim_steps": 0.0, "param_update_norm": 0.0}
     timing["time/update"] = time.perf_counter() - t0
     bad = [k for k, v in upd.items() if not math.isfinite(v)]
     if bad:
-      raise NonFiniteError(f"iteration {it}: non-finite update metrics {bad} "
-                           f"(mode={mode}); lower optim.lr or check the batch")
+      raise NonFiniteError(
+        f"iteration {it}: non-finite update metrics {bad} "
+        f"(mode={mode}); lower optim.lr or check the batch"
+      )
 
     returns = np.array([e.episode_return for e in ok] or [np.nan], np.float64)
     intrinsic = [t.intrinsic for t in turns]
     out = {
-        "mode": mode, "mode_id": MODES.index(mode),
-        "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-        "success": float(np.mean([e.success for e in ok])) if ok else float("nan"),
-        "episode_steps": float(np.mean([len(e.turns) for e in ok])) if ok else 0.0,
-        "env_failed": int(sum(e.env_failed for e in episodes)),
-        "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
-        "memory_size": len(self.memory.store),
-        "retrieval_hits_per_step": (roll_stats["retrieved"] / roll_stats["memory_steps"]
-                                    if roll_stats.get("memory_steps") else 0.0),
-        "tips_written": roll_stats.get("tips", 0),
-        "memory_writes": roll_stats.get("memory_writes", 0),
-        "prefill_tokens": roll_stats.get("prefill_tokens", 0),
-        "reused_tokens": roll_stats.get("reused_tokens", 0),
-        "samples": bstats["n_samples"], "dropped_long": bstats["n_dropped_prompt"],
-        "train_tokens": bstats["tokens"], "batch_rows": bstats["rows"],
-        "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
+      "mode": mode,
+      "mode_id": MODES.index(mode),
+      "return_mean": float(returns.mean()),
+      "return_std": float(returns.std()),
+      "success": float(np.mean([e.success for e in ok])) if ok else float("nan"),
+      "episode_steps": float(np.mean([len(e.turns) for e in ok])) if ok else 0.0,
+      "env_failed": int(sum(e.env_failed for e in episodes)),
+      "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
+      "memory_size": len(self.memory.store),
+      "retrieval_hits_per_step": (
+        roll_stats["retrieved"] / roll_stats["memory_steps"]
+        if roll_stats.get("memory_steps")
+        else 0.0
+      ),
+      "tips_written": roll_stats.get("tips", 0),
+      "memory_writes": roll_stats.get("memory_writes", 0),
+      "prefill_tokens": roll_stats.get("prefill_tokens", 0),
+      "reused_tokens": roll_stats.get("reused_tokens", 0),
+      "samples": bstats["n_samples"],
+      "dropped_long": bstats["n_dropped_prompt"],
+      "train_tokens": bstats["tokens"],
+      "batch_rows": bstats["rows"],
+      "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
     }
     out.update(upd)
     out.update(timing)
@@ -285,12 +351,19 @@ class Trainer:
     """Test variations x eval_repeats at eval_temperature; WITHOUT memory unless asked (SPEC §1).
     Memory is read, never written, during evaluation."""
     c = self.config
-    specs = [(c.env.task, v, g) for g, v in enumerate(self.test_rows)
-             for _ in range(c.train.eval_repeats)]
-    return self.actor.rollout(self._sampling_params(), self.model_config, specs,
-                              use_memory=with_memory, temperature=c.train.eval_temperature,
-                              rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
-                              mode="eval", reflect=False)
+    specs = [
+      (c.env.task, v, g) for g, v in enumerate(self.test_rows) for _ in range(c.train.eval_repeats)
+    ]
+    return self.actor.rollout(
+      self._sampling_params(),
+      self.model_config,
+      specs,
+      use_memory=with_memory,
+      temperature=c.train.eval_temperature,
+      rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
+      mode="eval",
+      reflect=False,
+    )
 
   def evaluate(self, with_memory: bool = False) -> dict:
     t0 = time.perf_counter()
@@ -299,10 +372,14 @@ class Trainer:
     episodes = [e for e in episodes if not e.env_failed]
     returns = np.array([e.episode_return for e in episodes] or [np.nan])
     tag = "eval_mem" if with_memory else "eval"
-    return {f"{tag}/return_mean": float(returns.mean()), f"{tag}/return_std": float(returns.std()),
-            f"{tag}/success": float(np.mean([e.success for e in episodes] or [np.nan])),
-            f"{tag}/episodes": len(episodes), f"{tag}/env_failed": failed,
-            f"time/{tag}": time.perf_counter() - t0}
+    return {
+      f"{tag}/return_mean": float(returns.mean()),
+      f"{tag}/return_std": float(returns.std()),
+      f"{tag}/success": float(np.mean([e.success for e in episodes] or [np.nan])),
+      f"{tag}/episodes": len(episodes),
+      f"{tag}/env_failed": failed,
+      f"time/{tag}": time.perf_counter() - t0,
+    }
 
   def run(self, iterations: Optional[int] = None) -> list[dict]:
     c = self.config
@@ -339,7 +416,7 @@ class Trainer:
     return history
 
   def close(self) -> None:
-    self.checkpointer.close()       # waits for an async save in flight
+    self.checkpointer.close()  # waits for an async save in flight
     if self._old_sigterm is not None:
       signal.signal(signal.SIGTERM, self._old_sigterm)
       self._old_sigterm = None

@@ -1,0 +1,161 @@
+"""The base EMPO2 config: every number an ablation may sweep lives here (SPEC.md for the meaning).
+
+Config files (configs/*.py) start from `get_config()` and override fields. On the command line:
+  python launch/train.py --config=configs/sciworld.py:cpu --config.empo2.p_memory=0.5
+An unknown key fails with the list of valid keys (ConfigDicts are locked). `configs/base.py` is
+this config as a config file.
+"""
+
+import ml_collections
+
+
+def get_config(arg=None):
+  del arg
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Policy model: a Hugging Face Qwen2 checkpoint directory (local or gs://), or a preset with
+  # random init (`checkpoint=''` and `random_init=True`, only sensible for tests and the CPU demo).
+  # param_dtype: storage of the trained weights = the fp32 masters (AdamW moments follow them);
+  # bfloat16 storage is refused for training (an lr-1e-6 step rounds away). compute_dtype: the
+  # matmuls, cast from the masters per layer inside the jitted step (bf16 on TPU).
+  c.model = dict(
+    preset="7b",
+    checkpoint="",
+    random_init=False,
+    tokenizer="",
+    param_dtype="float32",
+    compute_dtype="bfloat16",
+    remat="full",
+  )
+  c.mesh = dict(data=1, fsdp=-1, tensor=1)
+
+  c.env = dict(
+    name="scienceworld",
+    task="power-component",
+    simplification="easy",
+    num_train_rows=5,
+    num_test_rows=20,
+    max_steps=0,  # 0: the paper's per-task table
+    workers=8,
+    call_timeout_s=120.0,
+    max_retries=3,
+    # 'on_reject': Jaccard-correct only text the parser rejects; 'always' (release): every
+    # action. Ambiguous requests are answered with option 0 in the same step in both.
+    action_correction="on_reject",
+    few_shot=2,  # gold example episodes (train variations) in the first prompt
+    # hashCode=2 (constant identity hash): the simulator lists objects in hash-set order,
+    # which otherwise depends on the JVM's history; with it a reset is reproducible in any
+    # JVM, so a resumed run sees the observations an uninterrupted one sees.
+    java_tool_options="-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2",
+  )  # see envs/scienceworld.py
+
+  # One iteration: rows_per_iter task rows x group_size rollouts (SPEC §1).
+  c.rollout = dict(
+    rows_per_iter=16,
+    group_size=8,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    max_new_tokens=32,
+    max_context=8192,
+    cache_dtype="bfloat16",
+  )
+
+  c.empo2 = dict(
+    p_memory=0.25,  # probability that an iteration rolls out with memory tips
+    q_offpolicy=2.0 / 3.0,  # share of memory iterations updated off-policy (tips removed)
+    force_mode="",  # '', 'on', 'on_tips' or 'off': skip the draw (tests, ablations)
+    ratio_variant="paper",  # 'paper' or 'release' old-log-prob view (SPEC §4)
+    intrinsic_reward=True,
+    intrinsic_scale=1.0,
+    tip_max_new_tokens=128,
+    tip_temperature=1.0,
+    memory_key="step",  # 'step' (paper-era: each step's transcript) or 'final' (release)
+    memory_key_text="recent",  # 'recent' (ours: task + latest lines) or 'chat' (release: the
+    # chat's first 256 word pieces); agent/actor.py
+  )
+  c.memory = dict(max_entries=1000, threshold=0.5, top_k=10, encoder_dir="")
+
+  c.loss = dict(
+    eps_low=0.2,
+    eps_high=0.3,
+    dual_clip=10.0,
+    agg="token_mean",
+    kl_coef=0.0,
+    kl_estimator="low_var_kl",
+    entropy_coef=0.0,
+    low_prob_mask=True,
+    low_prob_delta=-5.0,
+  )
+  c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
+  c.optim = dict(
+    lr=1e-6,
+    weight_decay=0.01,
+    b1=0.9,
+    b2=0.999,
+    grad_clip=1.0,
+    minibatch_size=128,
+    micro_rows=8,
+    epochs=1,
+    max_prompt_len=4500,
+    prompt_len_check="both",  # or 'tip_free' (release): rl/batch.py
+    layout="packed",
+  )  # or 'turn': one row per turn sample (rl/batch.py)
+  # minibatch_size: turn samples per optimizer step. An iteration's samples are shuffled and split
+  # into ceil(N / minibatch_size) mini-batches, one step each (verl: 16 x 8 = 128 turn samples,
+  # i.e. ~15-30 steps per iteration of 128 ScienceWorld episodes). micro_rows: turn samples per
+  # forward/backward (gradient accumulation). max_prompt_len + rollout.max_new_tokens must fit
+  # rollout.max_context.
+
+  c.train = dict(
+    iterations=250,
+    eval_every=20,
+    eval_temperature=0.4,
+    eval_repeats=4,
+    eval_with_memory=False,
+    eval_at_end=True,
+    checkpoint_every=10,
+    keep_checkpoints=3,
+    save_episodes=False,
+  )  # save_episodes: TFDS dataset (data/trajectories.py)
+  # launch/sft.py: behaviour cloning on gold trajectories of TRAIN variations (train/sft.py),
+  # before RL. variations: how many train variations (0: all); steps x batch_rows rows.
+  c.sft = dict(
+    variations=0,
+    steps=100,
+    batch_rows=4,
+    micro_rows=1,
+    lr=1e-4,
+    weight_decay=0.0,
+    grad_clip=1.0,
+    max_len=4096,
+    eval_before=True,
+    eval_after=True,
+    checkpoint_every=50,
+  )
+  c.lock()
+  return c
+
+
+def load_module(path: str):
+  """Import a Python file by its path (a config or sweep file); nothing is added to the import
+  path."""
+  import importlib.util
+  import os
+
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no such config file: {path!r}")
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config(spec: str):
+  """`path[:arg]` as for --config (e.g. "configs/sciworld.py:tiny") -> the file's
+  get_config(arg)."""
+  path, _, arg = spec.partition(":")
+  module = load_module(path)
+  return module.get_config(arg) if arg else module.get_config()
