@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from typing import Sequence
 
 # Messages the ScienceWorld parser answers with when it cannot use the input (no move is spent).
@@ -29,9 +30,25 @@ _WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
 _OPTION_RE = re.compile(r"^\s*(\d+):\s*(.+?)\s*$")
 
 
+def printable_text(text: str) -> str:
+  """`text` without what cannot or should not reach the simulator: control characters (NUL, ESC,
+  ...) become spaces; format characters (zero-width joiners, bidi marks), lone surrogates (which
+  the JVM bridge cannot encode: the call fails and the worker dies), private-use and unassigned
+  code points are dropped. Everything else, whitespace included, is kept."""
+  text = str(text)
+  if text.isprintable():  # no control, format, surrogate, private or unassigned code point
+    return text
+  return "".join(
+    " " if cat == "Cc" else ch
+    for ch, cat in ((ch, unicodedata.category(ch)) for ch in text)
+    if cat == "Cc" or cat[0] != "C"
+  )
+
+
 def normalize_action(text: str) -> str:
-  """Collapses whitespace and strips the ends; the parser is case-insensitive."""
-  return " ".join(str(text).split())
+  """Printable text (`printable_text`), whitespace collapsed, ends stripped; the parser is
+  case-insensitive."""
+  return " ".join(printable_text(text).split())
 
 
 def words(text: str) -> frozenset[str]:
@@ -64,11 +81,12 @@ def correct_action(
   if not candidates:
     raise ValueError("correct_action needs at least one valid action; the list is empty.")
   text_words = words(text)
-  best_jac = max(jaccard(text_words, words(c)) for c in candidates)
+  scored = [(jaccard(text_words, words(c)), c) for c in candidates]
+  best_jac = max(jac for jac, _ in scored)
   if best_jac == 0.0 and fallback is not None and fallback in candidates:
     return fallback
   # Character similarity is only computed for the candidates tied on the primary key.
-  tied = [c for c in candidates if jaccard(text_words, words(c)) == best_jac]
+  tied = [c for jac, c in scored if jac == best_jac]
   return min(tied, key=lambda c: rank_key(text, c))
 
 

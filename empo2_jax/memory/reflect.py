@@ -25,6 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from empo2_jax.envs.actions import printable_text
+
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
 TIP_PROMPT = (
@@ -86,7 +88,11 @@ def clean_tip(raw: str, max_words: int = MAX_TIP_WORDS) -> str:
 
   Tip tags are removed so a stored tip can never close a tip block early (rl.batch.strip_tips).
   """
-  text = _ROLE_AFTER_START.sub(" ", raw)
+  # Printable text first, line by line (control characters include the line breaks): a stored
+  # tip must encode as UTF-8 (checkpoints), and an invisible character inside a tag ("<ti\u200bp>")
+  # must not turn into a tag after the markup is gone.
+  text = "\n".join(printable_text(ln) for ln in str(raw).splitlines())
+  text = _ROLE_AFTER_START.sub(" ", text)
   text = _MARKUP.sub(" ", text)
   lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
   if not lines:
