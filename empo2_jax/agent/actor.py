@@ -48,6 +48,7 @@ from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.memory.reflect import MemoryWrite, clean_tip, format_score, memory_text, tip_chat
 from empo2_jax.memory.rewards import intrinsic_reward
 from empo2_jax.memory.sync import gather_and_commit
+from empo2_jax.model.chat import ChatTokens
 from empo2_jax.model.tokenizer import stop_ids
 from empo2_jax.rl.batch import Turn
 from empo2_jax.sampling.sampler import SamplerSettings, get_engine, row_keys
@@ -160,11 +161,15 @@ class Actor:
     self.sampler_settings = dataclasses.replace(sampler_settings, cache_dtype=settings.cache_dtype)
     self.stop_ids = stop_ids(tokenizer)
     self.last_stats: dict = {}
+    self._chats: dict = {}  # id(episode) -> ChatTokens, for the rollout in progress
 
   # ------------------------------------------------------------------------------------------
-  def _ids(self, messages) -> list[int]:
-    text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return self.tok(text, add_special_tokens=False)["input_ids"]
+  def _ids(self, e: Episode, messages) -> list[int]:
+    """The chat's ids, tokenising only what is new since the episode's previous call."""
+    chat = self._chats.get(id(e))
+    if chat is None:
+      chat = self._chats[id(e)] = ChatTokens(self.tok)
+    return chat.tokens(messages)
 
   def _user_message(self, ep: Episode, observation: str, tips: Sequence[str] = ()) -> str:
     if not ep.messages:
@@ -249,6 +254,7 @@ class Actor:
       ("retrieved", "memory_steps", "steps", "prefill_tokens", "reused_tokens", "truncations"), 0
     )
     session = None
+    self._chats = {}
     if episodes:  # a host may have none when there are fewer episodes than hosts
       engine = _EpisodeKeys(get_engine(model_config, self.sampler_settings, self.mesh), share)
       session = Session(
@@ -263,6 +269,9 @@ class Actor:
       self._run_episodes(session, episodes, use_memory, temperature, k_steps, stats)
     if reflect and self.memory is not None:
       stats.update(self._reflect(session, episodes, k_reflect, iteration))
+    stats["tokenized_chars"] = sum(c.stats["chars"] for c in self._chats.values())
+    stats["chat_chars"] = sum(c.stats["chars_full"] for c in self._chats.values())
+    self._chats = {}
     self.last_stats = hosts.sum_stats(stats, same_on_all_hosts=("memory_writes",))
     return hosts.gather_episodes(episodes)
 
@@ -303,7 +312,7 @@ class Actor:
         e.tips_shown.append(list(tip))
         e.observations.append(obs[i])
         e.messages.append({"role": "user", "content": self._user_message(e, obs[i], tip)})
-        ids = self._ids(e.messages)
+        ids = self._ids(e, e.messages)
         if len(e.messages) == 1:
           keep[i] = len(ids)  # on overflow, keep the first prompt and the recent turns
         requests[i] = ids
@@ -402,7 +411,7 @@ class Actor:
     s = self.settings
     todo = [i for i, e in enumerate(episodes) if e.turns and not e.env_failed]
     # The tip chat shows the outcome: the observation after the last action and the final score.
-    requests = {i: self._ids(self._tip_messages(episodes[i])) for i in todo}
+    requests = {i: self._ids(episodes[i], self._tip_messages(episodes[i])) for i in todo}
     out = (
       self._sample(
         session, requests, rng, max_new_tokens=s.tip_max_new_tokens, temperature=s.tip_temperature

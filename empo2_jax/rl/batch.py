@@ -40,6 +40,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
+from empo2_jax.model.chat import chat_text
 from empo2_jax.rl import advantages as adv_lib
 from empo2_jax.rl.packing import pack_views
 
@@ -97,8 +98,8 @@ def strip_tips_messages(messages):
 
 
 def prompt_text(tokenizer, messages) -> str:
-  """The ChatML prompt the sampler sees (use the same function there)."""
-  return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  """The ChatML prompt the sampler sees (model/chat.py: the actor tokenises the same text)."""
+  return chat_text(tokenizer, messages, add_generation_prompt=True)
 
 
 def views_for(mode: str, ratio_variant: str):

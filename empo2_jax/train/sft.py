@@ -27,6 +27,7 @@ import optax
 
 from empo2_jax.agent import prompts
 from empo2_jax.model import qwen2
+from empo2_jax.model.chat import chat_ids
 from empo2_jax.model.tokenizer import stop_ids
 from empo2_jax.rl.logprobs import token_logprobs
 from empo2_jax.rl.packing import PackedRow, pack_turns
@@ -65,14 +66,6 @@ def gold_chat(material, traj, max_turns: int = 0) -> list[dict]:
   return msgs
 
 
-def _chat_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
-  """Token ids of a chat, tokenised the way the actor does (template text, then encode)."""
-  text = tokenizer.apply_chat_template(
-    messages, tokenize=False, add_generation_prompt=add_generation_prompt
-  )
-  return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 def chat_turns(tokenizer, messages) -> tuple[list[list[int]], list[list[int]]]:
   """(prompt ids, answer ids) of every assistant turn of `messages`.
 
@@ -85,8 +78,8 @@ def chat_turns(tokenizer, messages) -> tuple[list[list[int]], list[list[int]]]:
   for t, m in enumerate(messages):
     if m["role"] != "assistant":
       continue
-    prompt = _chat_ids(tokenizer, messages[:t], True)
-    full = _chat_ids(tokenizer, messages[: t + 1], False)
+    prompt = chat_ids(tokenizer, messages[:t], True)
+    full = chat_ids(tokenizer, messages[: t + 1], False)
     if full[: len(prompt)] != prompt:
       raise ValueError(
         f"the chat template does not extend the generation prompt at message {t}; "
