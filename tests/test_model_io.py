@@ -52,6 +52,26 @@ def test_bf16_load_casts(hf_tiny):
   assert config.param_dtype == "bfloat16"
 
 
+def test_transformers_bf16_checkpoint_loads_exactly(tmp_path, hf_tiny):
+  import copy
+
+  import ml_dtypes
+
+  model = copy.deepcopy(hf_tiny[1]).to(torch.bfloat16)
+  model.save_pretrained(str(tmp_path), safe_serialization=True)
+  config, params = hf.load_checkpoint(str(tmp_path), dtype="bfloat16")
+  state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+  assert params["embed"].dtype == ml_dtypes.bfloat16
+  np.testing.assert_array_equal(
+    params["embed"].astype(np.float32), state["model.embed_tokens.weight"]
+  )
+  for i in range(config.num_layers):
+    got = params["layers"]["wq"][i].astype(np.float32)
+    np.testing.assert_array_equal(got, state[f"model.layers.{i}.self_attn.q_proj.weight"].T)
+    got = params["layers"]["bk"][i].astype(np.float32)
+    np.testing.assert_array_equal(got, state[f"model.layers.{i}.self_attn.k_proj.bias"])
+
+
 def test_errors_are_clear(tmp_path, hf_tiny):
   with pytest.raises(hf.CheckpointError, match="no config.json"):
     hf.load_checkpoint(str(tmp_path))

@@ -9,6 +9,8 @@ implements: F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, the K-quants, ...) to float32,
 like Hugging Face; for the llama architecture llama.cpp's converter also reorders the rows of
 attn_q/attn_k within each head from HF's rotate-half layout (all real parts, then all imaginary
 parts) to interleaved pairs, which `from_gguf_rows` undoes (`to_gguf_rows` is its inverse).
+A file that is not valid GGUF (truncated, unknown tensor type, not GGUF at all) raises
+CheckpointError naming the file and the tensor (`gguf_io`).
 
 Config: from the `<arch>.*` metadata (architectures llama and qwen2); tied embeddings when the file
 has no output.weight; attention biases when it has attn_q.bias.
@@ -26,12 +28,12 @@ import importlib.util
 import json
 import os
 import re
-import tempfile
 from typing import Any
 
 import numpy as np
 
 from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model.gguf_io import GGUF_FIX, dequantize, open_gguf  # noqa: F401  (re-exported)
 from empo2_jax.model.hf import _NP_DTYPES, CheckpointError, check_complete
 from empo2_jax.model.qwen2 import param_shapes
 
@@ -82,31 +84,6 @@ def smollm2_gguf_path() -> str:
 # ---------------------------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------------------------
-
-
-def _local_file(path: str) -> str:
-  """A local path for `path`; a remote (gs://...) file is copied to a temp dir (for mmap)."""
-  if "://" not in str(path):
-    if not os.path.isfile(path):
-      raise CheckpointError(f"{path}: no such GGUF file")
-    return str(path)
-  from etils import epath
-
-  dst = os.path.join(tempfile.mkdtemp(prefix="empo2_gguf_"), os.path.basename(str(path)))
-  with open(dst, "wb") as f:
-    f.write(epath.Path(path).read_bytes())
-  return dst
-
-
-def open_gguf(path: str):
-  """A `gguf.GGUFReader` (memory-mapped) for a local or remote .gguf file."""
-  from gguf import GGUFReader
-
-  local = _local_file(path)
-  try:
-    return GGUFReader(local)
-  except (ValueError, OSError) as e:
-    raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from e
 
 
 def metadata(reader) -> dict[str, Any]:
@@ -192,17 +169,13 @@ def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> Qwen2Con
   return Qwen2Config(**kw)
 
 
-def dequantize(tensor) -> np.ndarray:
-  """float32 [rows, cols] (or [n]) of one `gguf.ReaderTensor`, by the package's dequantizer."""
-  from gguf.quants import dequantize as gguf_dequantize
-
-  try:
-    return np.asarray(gguf_dequantize(tensor.data, tensor.tensor_type), np.float32)
-  except NotImplementedError as e:
-    raise CheckpointError(
-      f"GGUF tensor {tensor.name}: type {tensor.tensor_type.name} cannot be "
-      f"dequantized by the installed gguf package ({e})"
-    ) from e
+def gguf_name(slot: str) -> str:
+  """The GGUF tensor name of one of our params (`name` or `name.layer`)."""
+  ours, _, layer = slot.partition(".")
+  if layer:
+    name = next((k for k, (o, _) in _LAYER_MAP.items() if o == ours), None)
+    return f"blk.{layer}.{name}" if name else slot
+  return next((k for k, (o, _) in _TOP_MAP.items() if o == ours), slot)
 
 
 def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
@@ -214,10 +187,15 @@ def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
   if dtype not in _NP_DTYPES:
     raise ValueError(f"dtype={dtype!r}; valid: {sorted(_NP_DTYPES)}")
   reader = open_gguf(path)
-  meta = metadata(reader)
-  config = config_from_metadata(
-    meta, [t.name for t in reader.tensors], param_dtype=dtype, **config_overrides
-  )
+  try:
+    meta = metadata(reader)
+    config = config_from_metadata(
+      meta, [t.name for t in reader.tensors], param_dtype=dtype, **config_overrides
+    )
+  except CheckpointError as e:
+    raise CheckpointError(f"{path}: {e}") from e
+  except (ValueError, TypeError, IndexError, UnicodeDecodeError) as e:  # garbage metadata values
+    raise CheckpointError(f"{path}: bad GGUF metadata ({type(e).__name__}: {e}); {GGUF_FIX}") from e
   permuted = meta["general.architecture"] == "llama"
   np_dtype = _NP_DTYPES[dtype]
   shapes = param_shapes(config)
@@ -226,34 +204,41 @@ def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
   }
   seen: set[str] = set()
   for tensor in reader.tensors:
-    _place(params, shapes, config, tensor, permuted, np_dtype, seen)
-  check_complete(path, config, seen, "GGUF")
+    _place(params, shapes, config, tensor, permuted, np_dtype, seen, path)
+  check_complete(path, config, seen, "GGUF", gguf_name)
   return config, params
 
 
-def _place(params, shapes, config, tensor, permuted, np_dtype, seen):
+def _place(params, shapes, config, tensor, permuted, np_dtype, seen, path):
   name = tensor.name
   m = _BLOCK_RE.match(name)
   if m:
     layer, rest = int(m.group(1)), m.group(2)
     if rest not in _LAYER_MAP or _LAYER_MAP[rest][0] not in shapes["layers"]:
-      raise CheckpointError(f"unexpected GGUF tensor {name} (not part of {config.architecture})")
+      raise CheckpointError(
+        f"{path}: unexpected GGUF tensor {name} (not part of {config.architecture})"
+      )
     if layer >= config.num_layers:
-      raise CheckpointError(f"GGUF tensor {name}: layer {layer} >= block_count {config.num_layers}")
+      raise CheckpointError(
+        f"{path}: GGUF tensor {name}: layer {layer} >= block_count {config.num_layers}"
+      )
     ours, transpose = _LAYER_MAP[rest]
     want, slot = shapes["layers"][ours][1:], f"{ours}.{layer}"
   elif name in _TOP_MAP:
     ours, transpose = _TOP_MAP[name]
     want, slot = shapes[ours], ours
   else:
-    raise CheckpointError(f"unexpected GGUF tensor {name} (not part of {config.architecture})")
-  value = dequantize(tensor)
+    raise CheckpointError(
+      f"{path}: unexpected GGUF tensor {name} (not part of {config.architecture})"
+    )
+  value = dequantize(tensor, path)
   if permuted and ours in ("wq", "wk"):
     value = from_gguf_rows(value, config.num_heads if ours == "wq" else config.num_kv_heads)
   value = value.T if transpose else value
   if tuple(value.shape) != tuple(want):
     raise CheckpointError(
-      f"GGUF tensor {name}: shape {tuple(tensor.shape)} does not fit {ours} {tuple(want)}"
+      f"{path}: GGUF tensor {name}: shape {tuple(tensor.shape)} does not fit {ours} "
+      f"{tuple(want)}; the metadata and the tensors disagree: {GGUF_FIX}"
     )
   if m:
     params["layers"][ours][layer] = value.astype(np_dtype)

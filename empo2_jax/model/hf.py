@@ -1,13 +1,14 @@
 """Hugging Face Llama / Qwen2 checkpoints (and GGUF files) <-> our params, without torch.
 
 `load_checkpoint(dir)` reads config.json and model.safetensors (or shards listed in
-model.safetensors.index.json) tensor by tensor: each tensor is memory-mapped, cast to the target
-dtype and written into its slot of a preallocated stacked array, so host memory holds one copy of
-the params plus one tensor in flight. `load_checkpoint("model.gguf")` hands over to
-`gguf.load_gguf` (llama.cpp files, dequantized). `save_checkpoint(dir, config, params)` writes
-files that transformers' AutoModelForCausalLM loads (LlamaForCausalLM or Qwen2ForCausalLM, by
-`config.attention_bias`). Paths may be local or anything etils.epath opens (gs://); remote files
-are copied to a local temp dir first for memory mapping.
+model.safetensors.index.json) tensor by tensor (`safetensors_io`, through the safetensors
+package): each tensor is read, cast to the target dtype and written into its slot of a
+preallocated stacked array, so host memory holds one copy of the params plus one tensor in
+flight. A malformed file raises CheckpointError naming the file and the tensor.
+`load_checkpoint("model.gguf")` hands over to `gguf.load_gguf` (llama.cpp files, dequantized).
+`save_checkpoint(dir, config, params)` writes files that transformers' AutoModelForCausalLM loads
+(LlamaForCausalLM or Qwen2ForCausalLM, by `config.attention_bias`). Paths may be local or
+anything etils.epath opens (gs://); remote files are copied to a local temp dir first.
 """
 
 from __future__ import annotations
@@ -15,25 +16,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import ml_dtypes
 import numpy as np
 
 from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.model.qwen2 import param_shapes
+from empo2_jax.model.safetensors_io import (  # noqa: F401  (re-exported)
+  FIX,
+  CheckpointError,
+  iter_safetensors,
+  write_safetensors,
+)
 
-_ST_DTYPES = {
-  "F32": np.float32,
-  "F16": np.float16,
-  "BF16": ml_dtypes.bfloat16,
-  "F64": np.float64,
-  "I64": np.int64,
-  "I32": np.int32,
-}
-_NP_TO_ST = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 # HF tensor name -> (our path, per-layer?, transpose?)
@@ -59,57 +56,6 @@ _TOP_MAP = {
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-class CheckpointError(ValueError):
-  pass
-
-
-# ---------------------------------------------------------------------------------------------
-# safetensors, read and written with numpy only
-# ---------------------------------------------------------------------------------------------
-
-
-def _read_header(path: str):
-  with open(path, "rb") as f:
-    (n,) = struct.unpack("<Q", f.read(8))
-    header = json.loads(f.read(n))
-  header.pop("__metadata__", None)
-  return header, 8 + n
-
-
-def iter_safetensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
-  """Yield (name, read-only memory-mapped array) for every tensor of one file."""
-  header, base = _read_header(path)
-  mm = np.memmap(path, dtype=np.uint8, mode="r")
-  for name, info in header.items():
-    if info["dtype"] not in _ST_DTYPES:
-      raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
-    start, end = info["data_offsets"]
-    arr = mm[base + start : base + end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
-    yield name, arr
-
-
-def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-  header, offset = {}, 0
-  for name, arr in tensors.items():
-    nbytes = arr.size * arr.dtype.itemsize
-    header[name] = {
-      "dtype": _NP_TO_ST[arr.dtype],
-      "shape": list(arr.shape),
-      "data_offsets": [offset, offset + nbytes],
-    }
-    offset += nbytes
-  header["__metadata__"] = {"format": "pt"}
-  blob = json.dumps(header, separators=(",", ":")).encode()
-  blob += b" " * (-len(blob) % 8)
-  tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    f.write(struct.pack("<Q", len(blob)))
-    f.write(blob)
-    for arr in tensors.values():
-      f.write(np.ascontiguousarray(arr).tobytes())
-  os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +79,14 @@ def is_gguf(path: str) -> bool:
   return str(path).lower().endswith(".gguf")
 
 
+def _read_json(file: str) -> Any:
+  try:
+    with open(file, encoding="utf-8") as f:
+      return json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{file}: not valid JSON ({e}); {FIX}") from e
+
+
 def load_config(path: str, **overrides: Any) -> Qwen2Config:
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
@@ -140,22 +94,28 @@ def load_config(path: str, **overrides: Any) -> Qwen2Config:
       f"{path}: no config.json; pass a Hugging Face Llama/Qwen2 checkpoint "
       "directory or a .gguf file"
     )
-  with open(cfg_path) as f:
-    return Qwen2Config.from_hf_dict(json.load(f), **overrides)
+  cfg = _read_json(cfg_path)
+  if not isinstance(cfg, dict):
+    raise CheckpointError(f"{cfg_path}: not a JSON object; {FIX}")
+  return Qwen2Config.from_hf_dict(cfg, **overrides)
 
 
-def _weight_files(path: str) -> list[str]:
+def _weight_files(path: str) -> dict[str, set[str] | None]:
+  """{shard file: tensor names the index places in it (None without an index)}."""
   index = os.path.join(path, "model.safetensors.index.json")
   single = os.path.join(path, "model.safetensors")
   if os.path.exists(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
+    weight_map = _read_json(index)
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+      raise CheckpointError(f"{index}: has no weight_map of tensor name -> file; {FIX}")
+    files = sorted(set(weight_map.values()))
     missing = [x for x in files if not os.path.exists(os.path.join(path, x))]
     if missing:
-      raise CheckpointError(f"{path}: shards listed in the index are missing: {missing}")
-    return [os.path.join(path, x) for x in files]
+      raise CheckpointError(f"{path}: shards listed in the index are missing: {missing}; {FIX}")
+    return {os.path.join(path, x): {k for k, v in weight_map.items() if v == x} for x in files}
   if os.path.exists(single):
-    return [single]
+    return {single: None}
   raise CheckpointError(
     f"{path}: no model.safetensors or model.safetensors.index.json "
     "(only safetensors checkpoints are supported; convert .bin files first)"
@@ -178,69 +138,91 @@ def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
   params = {"embed": None, "final_norm": None, "layers": {}}
   params["layers"] = {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
   seen: set[str] = set()
-  for file in _weight_files(path):
+  files = _weight_files(path)
+  for file, listed in files.items():
+    names = set()
     for name, arr in iter_safetensors(file):
-      _place(params, shapes, config, name, arr, np_dtype, seen)
-  check_complete(path, config, seen, "checkpoint")
+      _place(params, shapes, config, name, arr, np_dtype, seen, file)
+      names.add(name)
+    if listed is not None and listed - names:
+      raise CheckpointError(
+        f"{file}: lacks tensors {sorted(listed - names)[:8]} that "
+        f"model.safetensors.index.json places in it; {FIX}"
+      )
+  where = ", ".join(os.path.basename(f) for f in list(files)[:3]) + (
+    ", ..." if len(files) > 3 else ""
+  )
+  check_complete(path, config, seen, f"checkpoint ({where})", hf_name)
   return config, params
 
 
-def check_complete(path: str, config: Qwen2Config, seen: set, kind: str) -> None:
-  """Raise CheckpointError naming the params (`name` or `name.layer`) a load did not fill."""
+def hf_name(slot: str) -> str:
+  """The Hugging Face tensor name of one of our params (`name` or `name.layer`)."""
+  ours, _, layer = slot.partition(".")
+  if layer:
+    hf = next((k for k, (o, _) in _LAYER_MAP.items() if o == ours), None)
+    return f"model.layers.{layer}.{hf}" if hf else slot
+  return next((k for k, (o, _) in _TOP_MAP.items() if o == ours), slot)
+
+
+def check_complete(
+  path: str, config: Qwen2Config, seen: set, kind: str, name: Callable[[str], str] = str
+) -> None:
+  """Raise CheckpointError naming the tensors (`name(slot)` of our `name` or `name.layer`
+  slots) a load did not fill."""
   shapes = param_shapes(config)
   expected = {"embed", "final_norm"} | {
     f"{k}.{i}" for k in shapes["layers"] for i in range(config.num_layers)
   }
   if not config.tie_word_embeddings:
     expected.add("lm_head")
-  missing = sorted(expected - seen)
+  missing = [name(s) for s in sorted(expected - seen)]
   if missing:
     raise CheckpointError(
-      f"{path}: {kind} lacks tensors for {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+      f"{path}: {kind} lacks tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}; {FIX}"
     )
 
 
-def _place(params, shapes, config, name, arr, np_dtype, seen):
+def _place(params, shapes, config, name, arr, np_dtype, seen, file):
+  def bad(what):
+    return CheckpointError(f"{file}: tensor {name}: {what}")
+
   m = _LAYER_RE.match(name)
   if m:
     layer, rest = int(m.group(1)), m.group(2)
     if rest not in _LAYER_MAP:
-      raise CheckpointError(f"unexpected tensor {name} (not part of {config.architecture})")
+      raise bad(f"unexpected (not part of {config.architecture})")
     ours, transpose = _LAYER_MAP[rest]
     if ours not in shapes["layers"]:
-      raise CheckpointError(
-        f"unexpected tensor {name}: config.json says attention_bias="
-        f"{config.attention_bias} ({config.architecture})"
+      raise bad(
+        f"unexpected: config.json says attention_bias={config.attention_bias} "
+        f"({config.architecture})"
       )
     if layer >= config.num_layers:
-      raise CheckpointError(
-        f"tensor {name}: layer {layer} >= num_hidden_layers {config.num_layers}"
-      )
-    value = arr.T if transpose else arr
+      raise bad(f"layer {layer} >= num_hidden_layers {config.num_layers}")
     want = shapes["layers"][ours][1:]
-    if tuple(value.shape) != tuple(want):
-      raise CheckpointError(
-        f"tensor {name}: shape {tuple(arr.shape)} does not fit {ours} "
-        f"{tuple(want)} (after transpose={transpose})"
-      )
+  elif name in _TOP_MAP:
+    ours, transpose = _TOP_MAP[name]
+    if ours == "lm_head" and config.tie_word_embeddings:
+      return  # some exports store the tied head as well; the embedding is authoritative
+    want = shapes[ours]
+  elif name.endswith("rotary_emb.inv_freq"):
+    return
+  else:
+    raise bad(f"unexpected (not part of {config.architecture})")
+  value = arr.T if transpose else arr
+  if tuple(value.shape) != tuple(want):
+    expect = tuple(reversed(want)) if transpose else tuple(want)  # in the file's layout
+    raise bad(
+      f"shape {tuple(arr.shape)}, but config.json implies {expect} (our {ours}); "
+      f"config.json and the weights disagree: {FIX}"
+    )
+  if m:
     params["layers"][ours][layer] = value.astype(np_dtype)
     seen.add(f"{ours}.{layer}")
-    return
-  if name not in _TOP_MAP:
-    if name.endswith("rotary_emb.inv_freq"):
-      return
-    raise CheckpointError(f"unexpected tensor {name} (not part of {config.architecture})")
-  ours, transpose = _TOP_MAP[name]
-  if ours == "lm_head" and config.tie_word_embeddings:
-    return  # some exports store the tied head as well; the embedding is authoritative
-  value = arr.T if transpose else arr
-  if tuple(value.shape) != tuple(shapes[ours]):
-    raise CheckpointError(
-      f"tensor {name}: shape {tuple(arr.shape)} does not fit {ours} "
-      f"{tuple(shapes[ours])} (after transpose={transpose})"
-    )
-  params[ours] = np.array(value, dtype=np_dtype)
-  seen.add(ours)
+  else:
+    params[ours] = np.array(value, dtype=np_dtype)
+    seen.add(ours)
 
 
 # ---------------------------------------------------------------------------------------------
