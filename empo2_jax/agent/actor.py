@@ -36,7 +36,10 @@ with memory) searches all of that task's slots and merges the hits by score.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -162,14 +165,24 @@ class Actor:
     self.stop_ids = stop_ids(tokenizer)
     self.last_stats: dict = {}
     self._chats: dict = {}  # id(episode) -> ChatTokens, for the rollout in progress
+    self._clock: collections.Counter = collections.Counter()  # phase -> seconds, this rollout
 
   # ------------------------------------------------------------------------------------------
+  @contextlib.contextmanager
+  def _timed(self, phase: str):
+    t0 = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._clock[phase] += time.perf_counter() - t0
+
   def _ids(self, e: Episode, messages) -> list[int]:
     """The chat's ids, tokenising only what is new since the episode's previous call."""
     chat = self._chats.get(id(e))
     if chat is None:
       chat = self._chats[id(e)] = ChatTokens(self.tok)
-    return chat.tokens(messages)
+    with self._timed("tokenize"):
+      return chat.tokens(messages)
 
   def _user_message(self, ep: Episode, observation: str, tips: Sequence[str] = ()) -> str:
     if not ep.messages:
@@ -254,7 +267,7 @@ class Actor:
       ("retrieved", "memory_steps", "steps", "prefill_tokens", "reused_tokens", "truncations"), 0
     )
     session = None
-    self._chats = {}
+    self._chats, self._clock = {}, collections.Counter()
     if episodes:  # a host may have none when there are fewer episodes than hosts
       engine = _EpisodeKeys(get_engine(model_config, self.sampler_settings, self.mesh), share)
       session = Session(
@@ -268,11 +281,17 @@ class Actor:
       )
       self._run_episodes(session, episodes, use_memory, temperature, k_steps, stats)
     if reflect and self.memory is not None:
-      stats.update(self._reflect(session, episodes, k_reflect, iteration))
+      with self._timed("reflect"):
+        stats.update(self._reflect(session, episodes, k_reflect, iteration))
+    # Wall-clock phases of this host's rollout (time/rollout_*): sampling (prefill + decode of
+    # actions), env (resets and steps in the pool), tokenize (chat -> ids), retrieval (memory keys
+    # and lookups), reflect (tip sampling, cleaning and the memory commit). Per host, not summed.
+    stats.update({f"time/rollout_{k}": float(v) for k, v in self._clock.items()})
     stats["tokenized_chars"] = sum(c.stats["chars"] for c in self._chats.values())
     stats["chat_chars"] = sum(c.stats["chars_full"] for c in self._chats.values())
     self._chats = {}
-    self.last_stats = hosts.sum_stats(stats, same_on_all_hosts=("memory_writes",))
+    timings = tuple(k for k in stats if k.startswith("time/"))
+    self.last_stats = hosts.sum_stats(stats, same_on_all_hosts=("memory_writes",) + timings)
     return hosts.gather_episodes(episodes)
 
   def _run_episodes(
@@ -287,7 +306,8 @@ class Actor:
     """Steps `episodes` (this host's) to their ends in lock-step; step t samples with
     fold_in(fold_in(rng, t), episode index)."""
     s = self.settings
-    resets = self.pool.reset([(e.task, e.variation) for e in episodes])
+    with self._timed("env"):
+      resets = self.pool.reset([(e.task, e.variation) for e in episodes])
     obs = [r.observation for r in resets]
     for e, r in zip(episodes, resets):
       e.env_failed = r.info.env_failed
@@ -298,12 +318,13 @@ class Actor:
       live = [i for i, e in enumerate(episodes) if not e.done]
       if not live:
         break
-      keys = [self._key(episodes[i], obs[i]) for i in live]
-      tips = (
-        self.memory.retrieve([(episodes[i].task, episodes[i].variation) for i in live], keys)
-        if use_memory
-        else [[] for _ in live]
-      )
+      with self._timed("retrieval"):
+        keys = [self._key(episodes[i], obs[i]) for i in live]
+        tips = (
+          self.memory.retrieve([(episodes[i].task, episodes[i].variation) for i in live], keys)
+          if use_memory
+          else [[] for _ in live]
+        )
       requests = {}
       for i, key, tip in zip(live, keys, tips):
         e = episodes[i]
@@ -316,16 +337,18 @@ class Actor:
         if len(e.messages) == 1:
           keep[i] = len(ids)  # on overflow, keep the first prompt and the recent turns
         requests[i] = ids
-      out = self._sample(
-        session,
-        requests,
-        jax.random.fold_in(rng, step_i),
-        max_new_tokens=s.max_new_tokens,
-        temperature=temperature,
-        keep_prefix=keep,
-      )
+      with self._timed("sampling"):
+        out = self._sample(
+          session,
+          requests,
+          jax.random.fold_in(rng, step_i),
+          max_new_tokens=s.max_new_tokens,
+          temperature=temperature,
+          keep_prefix=keep,
+        )
       texts = {i: self.tok.decode(out[i][0], skip_special_tokens=True).strip() for i in live}
-      results = self.pool.step([texts.get(i) for i in range(len(episodes))])
+      with self._timed("env"):
+        results = self.pool.step([texts.get(i) for i in range(len(episodes))])
       for i in live:
         e, res = episodes[i], results[i]
         toks, lps = out[i]
