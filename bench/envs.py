@@ -7,13 +7,11 @@ Last line: `envs steps_per_s pool4=<a> naive=<b> ratio=<a/b>`.
   .venv/bin/python bench/envs.py [--episodes 12]
 """
 
-import argparse
 import os
-import time
 
-
-from empo2_jax.envs.pool import EnvPool, PoolConfig  # noqa: E402
-from empo2_jax.envs.scienceworld import SciWorldEnv  # noqa: E402
+from _common import parser, result, seconds_per_call
+from empo2_jax.envs.pool import EnvPool, PoolConfig
+from empo2_jax.envs.scienceworld import SciWorldEnv
 
 TASKS = (
   "find-plant",
@@ -61,10 +59,8 @@ def run_naive(episodes):
           steps += 1
       return steps
 
-    one_pass()
-    t = time.perf_counter()
-    steps = one_pass()
-    return steps / (time.perf_counter() - t)
+    secs, steps = seconds_per_call(one_pass, 1)
+    return steps / secs
   finally:
     env.close()
 
@@ -80,16 +76,14 @@ def run_pool(episodes, num_workers):
         steps += sum(r is not None for r in pool.step(acts))
       return steps
 
-    one_pass()
-    t = time.perf_counter()
-    steps = one_pass()
-    return steps / (time.perf_counter() - t)
+    secs, steps = seconds_per_call(one_pass, 1)
+    return steps / secs
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--episodes", type=int, default=12)
-  args = parser.parse_args()
+  ap = parser(__doc__)
+  ap.add_argument("--episodes", type=int, default=12)
+  args = ap.parse_args()
   episodes = make_episodes(args.episodes)
   print(
     f"{len(episodes)} episodes, {sum(len(g) for *_, g in episodes)} steps per pass, "
@@ -102,7 +96,7 @@ def main():
   for n in (1, 2, 4):
     pool[n] = run_pool(episodes, n)
     print(f"pool {n} workers: {pool[n]:.1f} steps/s", flush=True)
-  print(f"envs steps_per_s pool4={pool[4]:.1f} naive={naive:.1f} ratio={pool[4] / naive:.2f}")
+  result("envs steps_per_s", pool4=pool[4], naive=naive, ratio=(pool[4] / naive, ".2f"), fmt=".1f")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ naive kernel is only timed when its temporaries fit in half of the machine's fre
 Last line: `logprobs temp_mib chunked=<a> naive=<b> ratio=<b/a>`.
 """
 
-import argparse
 import os
-import time
 
 import numpy as np
+
+from _common import parser, platform, result, seconds_per_call
 
 
 def free_bytes():
@@ -23,7 +23,7 @@ def free_bytes():
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = parser(__doc__)
   ap.add_argument("--vocab", type=int, default=151936)
   ap.add_argument("--time", type=int, default=4096)
   ap.add_argument("--hidden", type=int, default=128)
@@ -60,11 +60,9 @@ def main():
       print(f"{name}: temp {temp[name]:.0f} MiB does not fit half the free memory; not run")
       secs[name] = float("nan")
       continue
-    values[name] = jax.block_until_ready(compiled(h, w))
-    t0 = time.perf_counter()
-    for _ in range(args.iters):
-      jax.block_until_ready(compiled(h, w))
-    secs[name] = (time.perf_counter() - t0) / args.iters
+    secs[name], values[name] = seconds_per_call(
+      lambda: jax.block_until_ready(compiled(h, w)), args.iters
+    )
     print(f"{name}: temp {temp[name]:.1f} MiB, fwd+bwd {secs[name]:.3f} s")
   if len(values) == 2:
     (vc, (ghc, gwc)), (vn, (ghn, gwn)) = values["chunked"], values["naive"]
@@ -75,13 +73,10 @@ def main():
     )
   print(
     f"vocab={args.vocab} time={args.time} hidden={args.hidden} chunk={args.chunk} float32 "
-    f"device={jax.devices()[0].platform} time_s chunked={secs['chunked']:.3f} "
+    f"device={platform()} time_s chunked={secs['chunked']:.3f} "
     f"naive={secs['naive']:.3f}"
   )
-  print(
-    f"logprobs temp_mib chunked={temp['chunked']:.1f} naive={temp['naive']:.1f} "
-    f"ratio={temp['naive'] / temp['chunked']:.1f}"
-  )
+  result("logprobs temp_mib", **temp, ratio=temp["naive"] / temp["chunked"], fmt=".1f")
 
 
 if __name__ == "__main__":

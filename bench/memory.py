@@ -2,35 +2,29 @@
 brute force.
 
 Data: 2,000 varied ScienceWorld-like texts are embedded with the real MiniLM encoder; the N stored
-keys
-are those embeddings plus Gaussian noise (per-dim sigma, renormalised) -- synthetic at scale,
-derived
-from real ones. Queries are 200 held-out texts' embeddings (also noised). Retrieval is the SPEC's:
-cosine > threshold, best score first, top 10. Latency is per single query (the actor's per-step
-call),
-averaged; recall@10 is against the brute-force answer. Stored memory is ~1.5 GB at 1M (float32 x
-384).
-Each size is measured at the SPEC threshold (0.5: passes are dense here, so the exact score-order
-scan
-answers) and at a strict one (0.75: few pass, so ScaNN's candidates answer); the last line is 0.5
-at 1M.
+keys are those embeddings plus Gaussian noise (per-dim sigma, renormalised) -- synthetic at scale,
+derived from real ones. Queries are 200 held-out texts' embeddings (also noised). Retrieval is the
+SPEC's: cosine > threshold, best score first, top 10. Latency is per single query (the actor's
+per-step call), averaged; recall@10 is against the brute-force answer. Stored memory is ~1.5 GB at
+1M (float32 x 384). Each size is measured at the SPEC threshold (0.5: passes are dense here, so the
+exact score-order scan answers) and at a strict one (0.75: few pass, so ScaNN's candidates answer);
+the last line is 0.5 at 1M: `memory query_ms_1m ours=<ms> brute=<ms> speedup=<x> recall=<r>`.
 
-    .venv/bin/python bench/memory.py [--sizes 10000,100000,1000000] [--threshold 0.5]
-    [--strict_threshold 0.75]
+  .venv/bin/python bench/memory.py [--sizes 10000,100000,1000000] [--threshold 0.5]
+                                   [--strict_threshold 0.75] [--queries 200]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import resource
 import time
 
 import numpy as np
 
-from empo2_jax.memory.index import MemoryIndex, RetrievalConfig  # noqa: E402
-from empo2_jax.memory.store import MemoryStore, normalize_rows  # noqa: E402
-from tests.test_memory_index import sciworld_texts  # noqa: E402
+from _common import parser, result, sciworld_texts
+from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
+from empo2_jax.memory.store import MemoryStore, normalize_rows
 
 
 def brute_force(emb, scores, uids, q, threshold, k):
@@ -46,7 +40,7 @@ def rss_gb():
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = parser(__doc__)
   ap.add_argument("--sizes", default="10000,100000,1000000")
   ap.add_argument("--threshold", type=float, default=0.5)
   ap.add_argument("--strict_threshold", type=float, default=0.75)
@@ -118,7 +112,7 @@ def main():
     del store, index, slot, emb, sc, uids
 
   a, b, r = last
-  print(f"memory query_ms_1m ours={a:.3f} brute={b:.3f} speedup={b / a:.1f} recall={r:.4f}")
+  result("memory query_ms_1m", ours=a, brute=b, speedup=(b / a, ".1f"), recall=(r, ".4f"))
 
 
 if __name__ == "__main__":

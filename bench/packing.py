@@ -17,8 +17,7 @@ micro-batch); the second call is timed. Lines:
   packing update_s packed=<s> turn=<s> ratio=<turn/packed>
 """
 
-import argparse
-import time
+from _common import model_flags, parser, result, seconds_per_call, smollm2
 
 
 def gold_turns(task, episodes, min_turns, tokenizer):
@@ -69,38 +68,32 @@ def time_update(config, params, batch, ucfg):
   opt = make_optimizer(ucfg)
   update = make_update_fn(config, ucfg, opt, donate=False)
   state = init_train_state(params, opt)
-  jax.block_until_ready(update(state, arranged))  # compile
-  t0 = time.perf_counter()
-  _, met = update(state, arranged)
-  jax.block_until_ready(met)
-  return time.perf_counter() - t0, float(met["param_update_norm"])
+  # the warm-up call compiles; the second is timed
+  secs, met = seconds_per_call(lambda: jax.block_until_ready(update(state, arranged)[1]), 1)
+  return secs, float(met["param_update_norm"])
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = parser(__doc__)
   ap.add_argument("--task", default="find-animal")
   ap.add_argument("--episodes", type=int, default=2)
   ap.add_argument("--min_turns", type=int, default=10)
-  ap.add_argument("--layers", type=int, default=0)
+  model_flags(ap, model=None)
   ap.add_argument("--tokens_only", action="store_true", help="count tokens, skip the updates")
   args = ap.parse_args()
 
   import jax
   import jax.numpy as jnp
-  from empo2_jax.model import gguf, hf
+  from empo2_jax.model import gguf
   from empo2_jax.model.tokenizer import load_tokenizer
   from empo2_jax.rl import advantages as adv_lib
   from empo2_jax.rl.batch import BatchConfig, build_batch, build_packed_batch
   from empo2_jax.rl.losses import LossConfig
   from empo2_jax.rl.update import UpdateConfig
 
-  path = gguf.smollm2_gguf_path()
-  config, params = hf.load_checkpoint(path)
-  if args.layers:
-    config = config.replace(num_layers=args.layers)
-    params = dict(params, layers={k: v[: args.layers] for k, v in params["layers"].items()})
+  config, params = smollm2(args.layers)
   params = jax.tree.map(jnp.asarray, params)
-  tok = load_tokenizer(path)
+  tok = load_tokenizer(gguf.smollm2_gguf_path())
   turns = gold_turns(args.task, args.episodes, args.min_turns, tok)
   adv = adv_lib.grpo_step_advantages(
     [t.group_id for t in turns], [t.episode_return for t in turns], [0.0] * len(turns)
@@ -120,17 +113,20 @@ def main():
     f"packed={s_pack['prompt_len']} layers={config.num_layers}",
     flush=True,
   )
-  print(
-    f"packing train_tokens_per_iter packed={s_pack['tokens']} turn={s_turn['tokens']} "
-    f"ratio={s_turn['tokens'] / s_pack['tokens']:.2f}",
+  result(
+    "packing train_tokens_per_iter",
+    packed=s_pack["tokens"],
+    turn=s_turn["tokens"],
+    ratio=s_turn["tokens"] / s_pack["tokens"],
+    fmt=".2f",
     flush=True,
   )
   if args.tokens_only:
     return
   t_pack, n_pack = time_update(config, params, packed, ucfg)
   t_turn, n_turn = time_update(config, params, per_turn, ucfg)
-  print(f"update param_update_norm packed={n_pack:.6g} turn={n_turn:.6g}")
-  print(f"packing update_s packed={t_pack:.2f} turn={t_turn:.2f} ratio={t_turn / t_pack:.2f}")
+  result("update param_update_norm", packed=n_pack, turn=n_turn, fmt=".6g")
+  result("packing update_s", packed=t_pack, turn=t_turn, ratio=t_turn / t_pack, fmt=".2f")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
   python bench/sampler.py [--model smollm2|0.5b-shape] [--layers 0] [--rows 8] [--prompt 1000]
                           [--growth 150] [--new 32] [--turns 10] [--cache-dtype float32] [--skip-hf]
 
-Model (bench/_models.py): SmolLM2-135M-Instruct's real weights by default, or Qwen2.5-0.5B shapes
+Model (bench/_common.py): SmolLM2-135M-Instruct's real weights by default, or Qwen2.5-0.5B shapes
 with random init; --layers N keeps the first N layers (0: all); fp32 params and compute, identical
 weights on both sides. Workload: --rows episodes whose
 first prompt has ~--prompt tokens; each turn appends the --new sampled tokens plus a random user
@@ -17,10 +17,11 @@ turns/s counts row-turns (actions produced) per second; tokens/s counts generate
 Last line: `sampler turns_per_s ours=<a> reprefill=<b> hf=<c> ratio_vs_hf=<a/c>`.
 """
 
-import argparse
 import time
 
 import numpy as np
+
+from _common import bench_model, model_flags, parser, platform, result
 
 
 def workload(rng, args, vocab):
@@ -83,9 +84,8 @@ def run_hf(model, first, user, turns, new):
 
 
 def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument("--model", default="smollm2")
-  ap.add_argument("--layers", type=int, default=0)
+  ap = parser(__doc__)
+  model_flags(ap)
   ap.add_argument("--rows", type=int, default=8)
   ap.add_argument("--prompt", type=int, default=1000)
   ap.add_argument("--growth", type=int, default=150)
@@ -95,11 +95,9 @@ def main():
   ap.add_argument("--skip-hf", action="store_true")
   args = ap.parse_args()
 
-  import jax
   import torch
   from transformers import AutoModelForCausalLM
 
-  from _models import bench_model
   from empo2_jax.sampling.sampler import SamplerSettings
   from empo2_jax.sampling.session import Session
 
@@ -110,7 +108,7 @@ def main():
   print(
     f"model={args.model} layers={config.num_layers} fp32 cache={args.cache_dtype} rows={args.rows} "
     f"prompt~{args.prompt} growth~{args.growth} new={args.new} turns={args.turns} "
-    f"max_tokens={max_tokens} devices={jax.devices()[0].platform} "
+    f"max_tokens={max_tokens} devices={platform()} "
     f"torch_threads={torch.get_num_threads()}"
   )
 
@@ -161,10 +159,7 @@ def main():
     )
 
   tps = {k: args.rows * args.turns / v for k, v in results.items()}
-  print(
-    f"sampler turns_per_s ours={tps['ours']:.3f} reprefill={tps['reprefill']:.3f} "
-    f"hf={tps['hf']:.3f} ratio_vs_hf={tps['ours'] / tps['hf']:.3f}"
-  )
+  result("sampler turns_per_s", **tps, ratio_vs_hf=tps["ours"] / tps["hf"])
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ log-softmax of the response positions, the same on-policy surrogate, backward, c
 Last line: `train_step tokens_per_s ours=<a> torch=<b> ratio=<a/b>` (tokens = batch x length).
 """
 
-import argparse
 import tempfile
-import time
 
 import numpy as np
+
+from _common import parser, platform, result, seconds_per_call
 
 
 def make_batch(rows, prompt, response, vocab):
@@ -52,13 +52,15 @@ def time_ours(path, batch, iters):
   state = init_train_state(jax.device_put(params), opt)
   batch = jax.tree.map(jnp.asarray, batch)
   update = make_update_fn(config, cfg, opt)
-  state, _ = update(state, batch)  # compile
-  jax.block_until_ready(state)
-  t0 = time.perf_counter()
-  for _ in range(iters):
+
+  def step():
+    nonlocal state
     state, met = update(state, batch)
     jax.block_until_ready(state)
-  return (time.perf_counter() - t0) / iters, float(met["loss"])
+    return met
+
+  secs, met = seconds_per_call(step, iters)  # the warm-up call compiles
+  return secs, float(met["loss"])
 
 
 def time_torch(path, batch, iters):
@@ -86,15 +88,11 @@ def time_torch(path, batch, iters):
     opt.step()
     return float(loss.detach())
 
-  step()  # warm-up
-  t0 = time.perf_counter()
-  for _ in range(iters):
-    loss = step()
-  return (time.perf_counter() - t0) / iters, loss
+  return seconds_per_call(step, iters)
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = parser(__doc__)
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--prompt", type=int, default=224)
@@ -118,15 +116,18 @@ def main():
   print(
     f"model=0.5b-shape layers={args.layers} batch={args.batch} length="
     f"{args.prompt + args.response} (response {args.response}) fp32 "
-    f"device={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}"
+    f"device={platform()} torch_threads={torch.get_num_threads()}"
   )
   print(
     f"step_s ours={ours_s:.3f} torch={torch_s:.3f}  last loss ours={ours_loss:.4f} "
     f"torch={torch_loss:.4f}"
   )
-  print(
-    f"train_step tokens_per_s ours={n_tok / ours_s:.1f} torch={n_tok / torch_s:.1f} "
-    f"ratio={torch_s / ours_s:.3f}"
+  result(
+    "train_step tokens_per_s",
+    ours=n_tok / ours_s,
+    torch=n_tok / torch_s,
+    ratio=(torch_s / ours_s, ".3f"),
+    fmt=".1f",
   )
 
 

@@ -6,10 +6,10 @@ Uses the same --config (and overrides) as training. Loads the newest restorable 
 --workdir (or the config's initial policy if there is none, with a warning), runs
 test variations x train.eval_repeats episodes at train.eval_temperature, without memory, with the
 run's memory, or both, and prints a markdown table (per task: return mean ± std, success rate).
-The table is also written to <workdir>/eval/table.md and table.csv.
+The table is also written to <workdir>/eval/table.md and table.csv (through etils.epath: the
+workdir may be gs://).
 """
 
-import os
 import sys
 import warnings
 
@@ -18,6 +18,7 @@ import warnings
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
 from absl import app, flags, logging  # noqa: E402
+from etils import epath  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -30,6 +31,18 @@ _MEMORY = flags.DEFINE_enum(
   ["without", "with", "both"],
   "evaluate without the run's memory (the paper's number), with it, or both",
 )
+
+
+def write_tables(workdir, rows: list[dict]) -> str:
+  """<workdir>/eval/table.md and table.csv from evaluate.summarize rows; returns the markdown."""
+  from empo2_jax.train import evaluate
+
+  out_dir = epath.Path(workdir) / "eval"
+  out_dir.mkdir(parents=True, exist_ok=True)
+  md = evaluate.table_markdown(rows)
+  (out_dir / "table.md").write_text(md)
+  (out_dir / "table.csv").write_text(evaluate.table_csv(rows))
+  return md
 
 
 def main(argv):
@@ -69,14 +82,7 @@ def main(argv):
       )
   finally:
     trainer.close()
-  rows = evaluate.with_average(rows)
-  out_dir = os.path.join(_WORKDIR.value, "eval")
-  os.makedirs(out_dir, exist_ok=True)
-  md = evaluate.table_markdown(rows)
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(md)
-  with open(os.path.join(out_dir, "table.csv"), "w") as f:
-    f.write(evaluate.table_csv(rows))
+  md = write_tables(_WORKDIR.value, evaluate.with_average(rows))
   print(f"iteration {trainer.iteration} of {_WORKDIR.value}")
   print(md, end="")
 

