@@ -61,6 +61,17 @@ def _gold_chats(c, materials):
 
 
 def main(argv):
+  from empo2_jax.train import workdir_lock
+
+  try:  # one run per workdir: a second one (SFT or RL) fails here, naming the first
+    lock = workdir_lock.WorkdirLock(os.path.abspath(_WORKDIR.value)).acquire()
+  except workdir_lock.WorkdirBusy as e:
+    sys.exit(f"error: {e}")
+  with lock:  # released on exit, also on an error
+    _sft(argv)
+
+
+def _sft(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)

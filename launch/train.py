@@ -5,8 +5,12 @@
   python launch/train.py --config=configs/sciworld.py:cpu --config.empo2.p_memory=0.5 ...
 
 Rerunning the same command continues from the newest checkpoint in --workdir (SIGTERM checkpoints
-after the iteration in progress and exits 0). --config.train.save_episodes=True also writes the
-run's episodes as a TFDS dataset under <workdir>/episodes/tfds (empo2_jax/data/trajectories.py).
+after the iteration in progress and exits 0). One run per workdir: a second one exits at once
+naming the first (<workdir>/.lock). A failed checkpoint save (disk full), a failed metrics write or
+a non-finite update stops the run with exit status 1 and a message naming the checkpoint a rerun
+resumes from; a non-finite update's batch goes to <workdir>/debug/iter_<N>/.
+--config.train.save_episodes=True also writes the run's episodes as a TFDS dataset under
+<workdir>/episodes/tfds (empo2_jax/data/trajectories.py).
 
 Any config field can be overridden with --config.<path>=value; an unknown key fails with the list
 of valid keys at that level.
@@ -71,9 +75,6 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:  # keep orbax's INFO lines out of the way
     logging.set_verbosity(logging.WARNING)
-  from empo2_jax.train.build import ConfigError
-  from empo2_jax.train.trainer import Trainer
-
   config = _CONFIG.value
   logging.info("config:\n%s", config)
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
@@ -87,8 +88,34 @@ def main(argv):
     except ValueError as e:
       sys.exit(f"error: {e}")
   import jax
+  from empo2_jax.train import build, workdir_lock
 
   lead = jax.process_index() == 0  # multi-host: one host prints and shows progress
+  try:
+    build.check_config(config)  # a bad config fails before the workdir is made or locked
+  except build.ConfigError as e:
+    sys.exit(f"error: {e}")
+  # One run per workdir (train/workdir_lock.py): a second run fails here, before building
+  # anything, naming the first; multi-host: process 0 holds the lock for all.
+  lock = None
+  if lead:
+    try:
+      lock = workdir_lock.WorkdirLock(_WORKDIR.value).acquire()
+    except workdir_lock.WorkdirBusy as e:
+      sys.exit(f"error: {e}")
+  try:
+    _train(config, lead)
+  finally:  # also on an exception and after SIGTERM's checkpoint
+    if lock is not None:
+      lock.release()
+
+
+def _train(config, lead):
+  from empo2_jax.train import checkpoint as ckpt_lib
+  from empo2_jax.train import faults
+  from empo2_jax.train.build import ConfigError
+  from empo2_jax.train.trainer import Trainer
+
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=lead and not _NO_PROGRESS.value)
   except ConfigError as e:
@@ -104,7 +131,10 @@ def main(argv):
     print(
       f"resumed from {trainer.checkpointer.directory / str(step)} at iteration {step}", flush=True
     )
-  history = trainer.run()
+  try:
+    history = trainer.run()
+  except (faults.NonFiniteError, faults.WriteError, ckpt_lib.CheckpointSaveError) as e:
+    sys.exit(f"error: {e}")  # the message names the checkpoint a rerun resumes from
   if trainer.preempted:
     print(
       f"preempted (SIGTERM): checkpoint at iteration {trainer.iteration} in "

@@ -21,6 +21,11 @@ deleted files) is moved aside to `corrupt-<step>-<time>` with a warning naming i
 before
 is tried. Paths go through etils.epath, so a gs:// workdir works like a local one.
 
+A save that fails (disk full, quota, permissions; in the blocking part or in the async writes, which
+surface on the next save, wait() or close()) raises CheckpointSaveError naming the step, the cause
+and the newest earlier step, which stays intact: orbax deletes old steps (keep) only after the new
+one is complete, and the failed step's temporary directory is removed on the next start.
+
 Exact resume (tests/test_checkpoint_resume.py): everything random is keyed by (seed, iteration) or
 restored above; the memory index is rebuilt from the restored store (exact search, which every slot
 up to RetrievalConfig.exact_max entries uses, depends only on the store; a ScaNN searcher of a
@@ -34,6 +39,7 @@ Not restored: TensorBoard events past the checkpoint (the viewer shows the rewri
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -103,6 +109,7 @@ class Checkpointer:
     self.directory = epath.Path(directory)
     self.keep, self.async_save = int(keep), bool(async_save)
     self._mgr: Optional[ocp.CheckpointManager] = None
+    self._pending: Optional[tuple] = None  # (step, the step before) of the save in flight
 
   @property
   def manager(self) -> ocp.CheckpointManager:
@@ -125,19 +132,37 @@ class Checkpointer:
   def save(
     self, step: int, state: Any, memory_blob: np.ndarray, meta: dict, *, wait: bool = False
   ) -> None:
-    self.manager.save(
-      step,
-      args=ocp.args.Composite(
-        **{
-          STATE: ocp.args.StandardSave(state),
-          MEMORY: ocp.args.StandardSave({"npz": memory_blob}),
-          META: ocp.args.JsonSave(meta),
-        }
-      ),
-      force=True,
-    )
+    """Start saving `step` (async); CheckpointSaveError when it, or the save still in flight,
+    fails. A failed step leaves no complete step behind and deletes no older one."""
+    self.wait()  # an error of the save in flight surfaces here, before this one starts
+    previous = max((s for s in self.steps() if s != step), default=None)
+    try:
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(
+          **{
+            STATE: ocp.args.StandardSave(state),
+            MEMORY: ocp.args.StandardSave({"npz": memory_blob}),
+            META: ocp.args.JsonSave(meta),
+          }
+        ),
+        force=True,
+      )
+    except Exception as e:
+      self._failed(step, previous, e)
+    self._pending = (step, previous)
     if wait:
       self.wait()
+
+  def _failed(self, step: int, previous: Optional[int], error: BaseException):
+    self._pending = None
+    mgr, self._mgr = self._mgr, None  # reopened from the directory: orbax's step list is off now
+    if mgr is not None:
+      try:
+        mgr.close()
+      except Exception:  # noqa: BLE001 - the first error is the one to report
+        pass
+    raise CheckpointSaveError(self.directory, step, previous, error) from error
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, np.ndarray, dict]:
     out = self.manager.restore(
@@ -191,14 +216,51 @@ class Checkpointer:
     return dst
 
   def wait(self) -> None:
+    """Wait for the save in flight; CheckpointSaveError if it failed."""
     if self._mgr is not None:
-      self._mgr.wait_until_finished()
+      try:
+        self._mgr.wait_until_finished()
+      except Exception as e:
+        step, previous = self._pending or (None, None)
+        self._failed(step, previous, e)
+    self._pending = None
 
   def close(self) -> None:
-    if self._mgr is not None:
-      self._mgr.wait_until_finished()
-      self._mgr.close()
-      self._mgr = None
+    try:
+      self.wait()
+    finally:
+      if self._mgr is not None:
+        self._mgr.close()
+        self._mgr = None
+
+
+def describe_error(error: BaseException) -> str:
+  """'OSError: [Errno 28] No space left on device: ... (the disk is full)'."""
+  why = f"{type(error).__name__}: {error}"
+  code = getattr(error, "errno", None)
+  if code == errno.ENOSPC or (code is None and "No space left" in str(error)):  # tensorstore
+    why += " (the disk is full)"
+  elif code == errno.EDQUOT:
+    why += " (the disk quota is exhausted)"
+  return why
+
+
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint save failed (disk full, quota, permissions, ...). The message says which step,
+  why, and which earlier checkpoint a rerun resumes from."""
+
+  def __init__(self, directory, step: Optional[int], previous: Optional[int], error):
+    self.step, self.previous, self.error = step, previous, error
+    why = describe_error(error)
+    what = f"iteration {step} to {directory / str(step)}" if step is not None else str(directory)
+    if previous is None:
+      after = "There is no earlier checkpoint: rerunning the same command starts from scratch."
+    else:
+      after = (
+        f"The previous checkpoint {directory / str(previous)} (iteration {previous}) is intact; "
+        "rerunning the same command resumes from it."
+      )
+    super().__init__(f"saving the checkpoint of {what} failed: {why}. {after}")
 
 
 # -- the trainer's state
@@ -274,6 +336,7 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
 
 __all__ = [
   "Checkpointer",
+  "CheckpointSaveError",
   "save_trainer",
   "restore_trainer",
   "memory_to_blob",

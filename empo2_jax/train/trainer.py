@@ -10,7 +10,6 @@ update, losses and advantages are the pure kernels of empo2_jax.rl.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -23,13 +22,14 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.agent import hosts
-from empo2_jax.agent.actor import Actor, ActorSettings, Memory, material_for
+from empo2_jax.agent.actor import Actor, Memory, material_for
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
-from empo2_jax.rl.losses import LossConfig
 from empo2_jax.train import build
 from empo2_jax.train import checkpoint as ckpt_lib
+from empo2_jax.train import faults, settings
+from empo2_jax.train.faults import NonFiniteError
 from empo2_jax.train.metrics import MetricsWriter, is_remote
 
 log = logging.getLogger("empo2_jax")
@@ -47,10 +47,6 @@ def draw_mode(u: float, p_memory: float, q_offpolicy: float) -> str:
   return "on"
 
 
-class NonFiniteError(FloatingPointError):
-  pass
-
-
 class Trainer:
   def __init__(self, config, workdir: str, *, progress: bool = True):
     if "://" not in str(workdir):  # orbax wants absolute local paths
@@ -63,36 +59,8 @@ class Trainer:
     self.model_config, params = build.policy(c)
     self.tokenizer = build.tokenizer(c)
     self.mesh = build.mesh(c)
-    self.update_cfg = update_lib.UpdateConfig(
-      learning_rate=c.optim.lr,
-      weight_decay=c.optim.weight_decay,
-      adam_b1=c.optim.b1,
-      adam_b2=c.optim.b2,
-      max_grad_norm=c.optim.grad_clip,
-      minibatch_size=c.optim.minibatch_size,
-      micro_rows=c.optim.micro_rows,
-      ppo_epochs=c.optim.epochs,
-      temperature=c.rollout.temperature,
-      loss=LossConfig(
-        clip_eps_low=c.loss.eps_low,
-        clip_eps_high=c.loss.eps_high,
-        dual_clip_c=c.loss.dual_clip or None,
-        agg=c.loss.agg,
-        kl_coef=c.loss.kl_coef,
-        kl_type=build.kl_type(c.loss.kl_estimator),
-        entropy_coef=c.loss.entropy_coef,
-        low_prob_mask=c.loss.low_prob_mask,
-        low_prob_delta=c.loss.low_prob_delta,
-      ),
-    )
-    self.batch_cfg = batch_lib.BatchConfig(
-      max_prompt_len=c.optim.max_prompt_len,
-      response_len=c.rollout.max_new_tokens,
-      ratio_variant=c.empo2.ratio_variant,
-      pad_id=self.tokenizer.pad_token_id,
-      prompt_len_check=c.optim.prompt_len_check,
-      row_multiple=c.optim.micro_rows,
-    )  # rl/minibatch.arrange then lays out the update's rows
+    self.update_cfg = settings.update_config(c)
+    self.batch_cfg = settings.batch_config(c, self.tokenizer.pad_token_id)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     self.state, self._update = self._init_state(params)
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
@@ -116,19 +84,7 @@ class Trainer:
       self.tokenizer,
       materials,
       self.memory,
-      ActorSettings(
-        max_new_tokens=c.rollout.max_new_tokens,
-        max_context=c.rollout.max_context,
-        top_p=c.rollout.top_p,
-        top_k=c.rollout.top_k,
-        tip_max_new_tokens=c.empo2.tip_max_new_tokens,
-        tip_temperature=c.empo2.tip_temperature,
-        intrinsic_scale=c.empo2.intrinsic_scale,
-        intrinsic_reward=c.empo2.intrinsic_reward,
-        memory_key=c.empo2.memory_key,
-        memory_key_text=c.empo2.memory_key_text,
-        cache_dtype=c.rollout.cache_dtype,
-      ),
+      settings.actor_settings(c),
       # Multi-host: each host samples its share of the episodes on its own devices.
       mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh),
     )
@@ -150,6 +106,7 @@ class Trainer:
 
       self.episode_log = EpisodeLog(os.path.join(workdir, "episodes"))
     self.preempted = False
+    self.state_is_bad = False  # a non-finite update: nothing saves this state
     self._sigterm = False
     self._old_sigterm = None
     if threading.current_thread() is threading.main_thread():
@@ -213,7 +170,12 @@ class Trainer:
     return step
 
   def save_checkpoint(self, wait: bool = False) -> int:
-    self.metrics.sync()  # a remote workdir gets the records the checkpoint reads from it
+    if self.state_is_bad:
+      raise RuntimeError("the train state is non-finite (NonFiniteError); not checkpointing it")
+    try:
+      self.metrics.sync()  # a remote workdir gets the records the checkpoint reads from it
+    except OSError as e:
+      raise faults.write_error(self, f"the metrics up to iteration {self.iteration}", e) from e
     return ckpt_lib.save_trainer(self.checkpointer, self, wait=wait)
 
   def _on_sigterm(self, signum, frame) -> None:
@@ -311,12 +273,13 @@ class Trainer:
     else:
       upd = {"optim_steps": 0.0, "param_update_norm": 0.0}
     timing["time/update"] = time.perf_counter() - t0
-    bad = [k for k, v in upd.items() if not math.isfinite(v)]
-    if bad:
-      raise NonFiniteError(
-        f"iteration {it}: non-finite update metrics {bad} "
-        f"(mode={mode}); lower optim.lr or check the batch"
-      )
+    bad = faults.nonfinite(upd)
+    if bad:  # stop before anything saves this state; the batch goes to <workdir>/debug/iter_N
+      self.state_is_bad = True
+      info = dict(update=upd, batch=bstats, rollout=roll_stats, timing=timing, env_rows=rows)
+      info.update(seed=c.seed, advantages=np.asarray(advantages, np.float64))
+      lead = jax.process_index() == 0
+      raise faults.nonfinite_error(self, it + 1, mode, bad, info, self.last_batch, lead)
 
     returns = np.array([e.episode_return for e in ok] or [np.nan], np.float64)
     intrinsic = [t.intrinsic for t in turns]
@@ -403,9 +366,13 @@ class Trainer:
         m["time/iteration"] = time.perf_counter() - t0
         # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
         if jax.process_index() == 0:
-          self.metrics.write(self.iteration, m)
-          if self.episode_log is not None:
-            self.episode_log.write(self.iteration, self.last_episodes)
+          try:
+            self.metrics.write(self.iteration, m)
+            if self.episode_log is not None:
+              self.episode_log.write(self.iteration, self.last_episodes)
+          except OSError as e:  # disk full: stop, naming the checkpoint a rerun resumes from
+            what = f"the metrics and episodes of iteration {self.iteration}"
+            raise faults.write_error(self, what, e) from e
         history.append(m)
         if self._sigterm or last or (every_ckpt and self.iteration % every_ckpt == 0):
           self.save_checkpoint(wait=self._sigterm)
@@ -419,12 +386,21 @@ class Trainer:
     return history
 
   def close(self) -> None:
-    self.checkpointer.close()  # waits for an async save in flight
+    """Close everything, then raise the first error (CheckpointSaveError: the last async save
+    failed)."""
+    errors = []
+    for fn in (self.checkpointer.close, self._restore_sigterm, self.metrics.close, self.pool.close):
+      try:
+        fn()  # checkpointer.close waits for an async save in flight
+      except Exception as e:  # noqa: BLE001 - close the rest first
+        errors.append(e)
+    if errors:
+      raise errors[0]
+
+  def _restore_sigterm(self) -> None:
     if self._old_sigterm is not None:
       signal.signal(signal.SIGTERM, self._old_sigterm)
       self._old_sigterm = None
-    self.metrics.close()
-    self.pool.close()
 
 
 __all__ = ["Trainer", "draw_mode", "NonFiniteError"]
