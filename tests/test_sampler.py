@@ -244,9 +244,14 @@ def test_compile_count_bounded():
       settings=settings,
     )
     assert len(out) == n
-    if i == 0:
-      assert engine.traces["decode"] == 1 and engine.traces["prefill"] >= 1  # the counter counts
-  # prefill: 2 batch x 2 chunk x 2 cache shapes; decode: 2 batch x 2 cache shapes (one mode)
+    if i == 0:  # the counter counts
+      assert engine.traces["decode"] == 1
+      assert engine.traces["prefill"] + engine.traces["prefill_rows"] >= 1
+  # prefill (all rows, whole cache): 2 batch x 2 chunk x 2 cache shapes; prefill_rows (a row
+  # subset and/or a cache window): 2 row buckets x 2 chunks x 2 windows x 2 cache shapes at most;
+  # decode: 2 batch x 2 cache shapes (one mode)
   assert engine.traces["prefill"] <= 8 and engine.traces["decode"] <= 4, engine.traces
+  assert engine.traces["prefill_rows"] <= 16, engine.traces
   assert engine._prefill._cache_size() == engine.traces["prefill"]
+  assert engine._prefill_rows._cache_size() == engine.traces["prefill_rows"]
   assert engine._decode._cache_size() == engine.traces["decode"]

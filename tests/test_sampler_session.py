@@ -126,3 +126,31 @@ def test_truncation_policy(params):
   assert max(len(h) for h in hist) > 400  # far past the 160-token cache
   assert 2 <= sess.stats["truncations"] <= 10, sess.stats  # amortised by the slack
   assert sess.stats["reused_tokens"] > 0
+
+
+def test_prefill_of_a_row_subset_matches_a_plain_forward(params):
+  """A chunk computes only the rows with new tokens (padded to a batch bucket) over a cache window;
+  each busy row's final hidden state must equal a cache-free forward over its whole sequence, and
+  idle rows keep theirs."""
+  engine = get_engine(CONFIG, SETTINGS)
+  b, s = 8, 512
+  rng = np.random.default_rng(3)
+  cache, hidden = engine.new_cache(b, s), engine.new_hidden(b)
+  first = [rng.integers(0, 256, int(rng.integers(5, 90))).tolist() for _ in range(b)]
+  cache, hidden, computed = engine.prefill(params, cache, hidden, first, np.zeros(b, np.int64))
+  before = np.asarray(hidden).copy()
+  busy = (1, 5)
+  second = [rng.integers(0, 256, 30).tolist() if r in busy else None for r in range(b)]
+  start = np.array([len(p) for p in first])
+  traces = engine.traces["prefill_rows"]
+  cache, hidden, computed = engine.prefill(params, cache, hidden, second, start)
+  assert computed < b * 64  # fewer than all rows x the chunk
+  assert engine.traces["prefill_rows"] >= traces  # (a trace may be cached from an earlier test)
+  hidden = np.asarray(hidden)
+  for r in range(b):
+    if r not in busy:
+      np.testing.assert_array_equal(hidden[r], before[r])
+      continue
+    seq = np.asarray([first[r] + second[r]], np.int32)
+    ref = qwen2.forward(params, CONFIG, seq, np.ones_like(seq), return_hidden=True)
+    np.testing.assert_allclose(hidden[r], np.asarray(ref)[0, -1], atol=1e-4, rtol=1e-4)

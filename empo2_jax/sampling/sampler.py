@@ -104,6 +104,9 @@ class Engine:
     self.config, self.settings, self.mesh = config, settings, mesh
     self.traces: collections.Counter = collections.Counter()
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
+    self._prefill_rows = jax.jit(
+      self._prefill_rows_impl, static_argnames=("window",), donate_argnums=(1, 2)
+    )
     self._decode = jax.jit(
       self._decode_impl, static_argnames=("mode", "buffer"), donate_argnums=(1,)
     )
@@ -115,6 +118,23 @@ class Engine:
   def _prefill_impl(self, params, cache, hidden, tokens, mask, start, end):
     self.traces["prefill"] += 1
     return kernels.prefill_chunk(params, self.config, cache, hidden, tokens, mask, start, end)
+
+  def _prefill_rows_impl(self, params, cache, hidden, idx, tokens, mask, start, end, *, window):
+    """prefill_chunk on rows `idx` only, attending over the first `window` cache slots: the rows'
+    cache is gathered, extended and scattered back (rows outside idx are untouched)."""
+    self.traces["prefill_rows"] += 1
+    sub = {
+      "k": cache["k"][:, idx, :window],
+      "v": cache["v"][:, idx, :window],
+      "mask": cache["mask"][idx, :window],
+    }
+    sub, h = kernels.prefill_chunk(params, self.config, sub, hidden[idx], tokens, mask, start, end)
+    cache = {
+      "k": cache["k"].at[:, idx, :window].set(sub["k"]),
+      "v": cache["v"].at[:, idx, :window].set(sub["v"]),
+      "mask": cache["mask"].at[idx, :window].set(sub["mask"]),
+    }
+    return cache, hidden.at[idx].set(h)
 
   def _decode_impl(
     self,
@@ -205,28 +225,64 @@ class Engine:
       )
     done, computed = np.zeros(b, np.int64), 0
     for c in chunk_plan(int(lens.max(initial=0)), self.settings.prefill_chunks):
-      tokens, mask = np.zeros((b, c), np.int32), np.zeros((b, c), np.int32)
-      end = np.full(b, -1, np.int32)
-      for r, suf in enumerate(suffixes):
+      rows = self._chunk_rows(lens - done, start + done, c)
+      n = len(rows)
+      tokens, mask = np.zeros((n, c), np.int32), np.zeros((n, c), np.int32)
+      end = np.full(n, -1, np.int32)
+      for j, r in enumerate(rows):
         take = min(c, lens[r] - done[r])
         if take <= 0:
           continue
-        tokens[r, :take] = suf[done[r] : done[r] + take]
-        mask[r, :take] = 1
+        tokens[j, :take] = suffixes[r][done[r] : done[r] + take]
+        mask[j, :take] = 1
         if done[r] + take == lens[r]:
-          end[r] = take - 1
-      cache, hidden = self._prefill(
-        params,
-        cache,
-        hidden,
-        self._rows(tokens),
-        self._rows(mask),
-        self._rows((start + done).astype(np.int32)),
-        self._rows(end),
-      )
+          end[j] = take - 1
+      pos = (start + done)[rows].astype(np.int32)
+      window = self._window(int((pos + c).max()), s)
+      if n == b and window == s:  # every row over the whole cache: no gather
+        cache, hidden = self._prefill(
+          params,
+          cache,
+          hidden,
+          self._rows(tokens),
+          self._rows(mask),
+          self._rows(pos),
+          self._rows(end),
+        )
+      else:
+        cache, hidden = self._prefill_rows(
+          params,
+          cache,
+          hidden,
+          jnp.asarray(rows, jnp.int32),
+          jnp.asarray(tokens),
+          jnp.asarray(mask),
+          jnp.asarray(pos),
+          jnp.asarray(end),
+          window=window,
+        )
       done += np.minimum(c, lens - done).clip(min=0)
-      computed += b * c
+      computed += n * c
     return cache, hidden, computed
+
+  def _chunk_rows(self, left: np.ndarray, pos: np.ndarray, c: int) -> np.ndarray:
+    """Rows a prefill chunk computes: those with new tokens left, padded with idle rows (the
+    lowest cache positions first, so the window stays small) to a batch bucket. With a mesh that
+    shards rows, or when the bucket is the whole batch, every row (rows stay where they live)."""
+    b = len(left)
+    if self.batch_multiple() > 1:
+      return np.arange(b)
+    busy = np.nonzero(left > 0)[0]
+    n = min(bucket(max(len(busy), 1), self.settings.batch_sizes, "batch", multiples=True), b)
+    if n >= b:
+      return np.arange(b)
+    idle = np.setdiff1d(np.arange(b), busy)
+    pad = idle[np.argsort(pos[idle], kind="stable")][: n - len(busy)]
+    return np.sort(np.concatenate([busy, pad]))
+
+  def _window(self, need: int, s: int) -> int:
+    """Cache slots a prefill chunk attends over: the smallest cache-length bucket >= need."""
+    return min([x for x in self.settings.cache_lengths if x >= need] + [s])
 
   def decode(
     self,
