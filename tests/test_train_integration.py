@@ -51,6 +51,12 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
         if isinstance(v, float):
           assert np.isfinite(v), k
     assert m2["loss/n_tokens"] > 0
+    # The rollout's wall clock split into phases (memory iterations: retrieval and reflection too)
+    phases = ("sampling", "env", "tokenize", "retrieval", "reflect", "other")
+    for p in phases:
+      assert m2[f"time/rollout_{p}"] >= 0.0, p
+    assert m2["time/rollout_sampling"] > 0 and m2["time/rollout_env"] > 0
+    assert m2["time/rollout_reflect"] > 0 and m2["time/rollout_retrieval"] > 0
     assert m2["advantage_abs_mean"] > 0 and m2["loss/grad_norm"] > 0
     after = jax.tree.map(np.array, trainer.state.params)
     flat_before = jax.tree_util.tree_flatten_with_path(before)[0]

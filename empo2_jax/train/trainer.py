@@ -228,7 +228,10 @@ class Trainer:
       iteration=it,
     )
     roll_stats = dict(self.actor.last_stats)
-    timing["time/rollout_and_reflect"] = time.perf_counter() - t0
+    # The rollout's phases (agent/actor.py) and what is left of its wall clock: time/rollout_*.
+    phases = {k: v for k, v in roll_stats.items() if k.startswith("time/rollout_")}
+    timing.update(phases)
+    timing["time/rollout_other"] = max(0.0, time.perf_counter() - t0 - sum(phases.values()))
 
     t0 = time.perf_counter()
     # An episode the env pool gave up on (worker died repeatedly) has a partial score: not trained
