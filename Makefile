@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 REQS   := pyproject.toml requirements.txt requirements-dev.txt requirements-nodeps.txt
 
-.PHONY: test test-fast lint format train bench clean-venv
+.PHONY: test test-fast lint format train bench soak clean-venv
 
 $(STAMP): $(REQS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ train: $(STAMP)
 
 bench: $(STAMP)
 	@for b in bench/[a-z]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# Chaos soak (10-30 min on 2 cores): 30 tiny-config iterations while env workers and JVMs are
+# killed and the trainer is SIGTERMed twice; checks metrics, orphans, RSS and env_failed.
+soak: $(STAMP)
+	$(PY) tests/soak/soak.py
 
 clean-venv:
 	rm -rf $(VENV)

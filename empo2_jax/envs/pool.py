@@ -253,7 +253,10 @@ class EnvPool:
     """Sends every worker its call, then collects; a failed worker is recovered (or None)."""
     for w in calls:
       if self._workers[w].dirty:
-        self._replace(w)
+        try:
+          self._replace(w)
+        except _WorkerFailed:  # the call fails on the old, dead handle and _recover retries
+          pass
     for w, (cmd, items) in calls.items():
       self._send(w, cmd, items)
     replies: dict[int, list | None] = {}
