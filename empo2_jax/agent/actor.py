@@ -287,8 +287,6 @@ class Actor:
     # actions), env (resets and steps in the pool), tokenize (chat -> ids), retrieval (memory keys
     # and lookups), reflect (tip sampling, cleaning and the memory commit). Per host, not summed.
     stats.update({f"time/rollout_{k}": float(v) for k, v in self._clock.items()})
-    stats["tokenized_chars"] = sum(c.stats["chars"] for c in self._chats.values())
-    stats["chat_chars"] = sum(c.stats["chars_full"] for c in self._chats.values())
     self._chats = {}
     timings = tuple(k for k in stats if k.startswith("time/"))
     self.last_stats = hosts.sum_stats(stats, same_on_all_hosts=("memory_writes",) + timings)
