@@ -13,6 +13,10 @@ def get_config(arg=None):
   del arg
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # The method of the run (empo2_jax/train/methods.py: empo2, grpo, gigpo, gigpo_std, naive,
+  # reflexion, retrospex, ...). launch/train.py applies its config defaults (command-line
+  # overrides win) and refuses the methods that do not train, naming their command.
+  c.method = "empo2"
 
   # Policy model: a Hugging Face Qwen2 checkpoint directory (local or gs://), or a preset with
   # random init (`checkpoint=''` and `random_init=True`, only sensible for tests and the CPU demo).

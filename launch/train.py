@@ -76,6 +76,7 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # keep orbax's INFO lines out of the way
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
+  _apply_method(config)
   logging.info("config:\n%s", config)
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   if any(x is not None for x in explicit) and not _MULTIHOST.value:
@@ -108,6 +109,21 @@ def main(argv):
   finally:  # also on an exception and after SIGTERM's checkpoint
     if lock is not None:
       lock.release()
+
+
+def _apply_method(config) -> None:
+  """config.method's defaults (empo2_jax/train/methods.py), except keys set on the command line;
+  a method that does not train exits naming the command that runs it."""
+  from empo2_jax.train import methods
+
+  try:
+    method = methods.get(config.method)
+  except methods.UnknownMethod as e:
+    sys.exit(f"error: {e}")
+  if not method.trains:
+    spec = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "CONFIG")
+    sys.exit("error: " + methods.not_training_message(config.method, spec, _WORKDIR.value))
+  methods.apply(config, keep=methods.explicit_keys(sys.argv[1:]))
 
 
 def _train(config, lead):

@@ -24,6 +24,10 @@ def check_config(c) -> None:
       "e.g. --config.model.checkpoint=/path/to/Qwen2.5-7B-Instruct, or run the CPU demo with "
       "--config=configs/sciworld.py:cpu (random-init small model)"
     )
+  from empo2_jax.train import methods
+
+  if c.method not in methods.REGISTRY:
+    raise ConfigError(f"method={c.method!r}; valid: {', '.join(methods.REGISTRY)}")
   if c.empo2.force_mode not in MODES:
     raise ConfigError(f"empo2.force_mode={c.empo2.force_mode!r}; valid: {MODES}")
   if c.empo2.ratio_variant not in ("paper", "release"):
