@@ -93,6 +93,12 @@ def get_config(arg=None):
     low_prob_delta=-5.0,
   )
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
+  # GiGPO only (rl/advantages.gigpo_advantages): episode statistics over one score per rollout
+  # ('trajectory') or over every turn row of the group ('steps', verl-agent's default), and the
+  # penalty taken off an invalid action's episode score and step return (verl-agent: 0.1). The
+  # `gigpo` method (train/methods.py) sets verl-agent's values.
+  c.advantage.episode_stats = "trajectory"
+  c.advantage.invalid_penalty = 0.0
   c.optim = dict(
     lr=1e-6,
     weight_decay=0.01,

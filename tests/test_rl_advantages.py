@@ -119,3 +119,122 @@ def test_equal_scores_and_singletons_give_zero():
   assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
   got = A.gigpo_advantages(["a"] * 3, [0, 1, 2], [0, 0, 0], ["x", "y", "z"], [7.0] * 3, [7.0] * 3)
   assert np.all(np.isfinite(got)) and np.allclose(got, 0.0, atol=1e-6)
+
+
+def ref_gigpo_verl(b, valid, *, use_std, cross_steps, penalty, gamma=0.95, w=1.0, eps=1e-6):
+  """verl-agent's order of operations, written as plain loops over rows in step order: penalty off
+  the row's episode score and R_t, episode stats over rows (cross_steps) or one row per trajectory,
+  anchor groups by (group, observation)."""
+  n = len(b["ret"])
+  order = sorted(range(n), key=lambda i: (b["rollout"][i], b["step"][i]))
+  g = ref_discounted(b, gamma)
+  score = [b["ret"][i] - penalty * (not valid[i]) for i in range(n)]
+  step_ret = [g[i] - penalty * (not valid[i]) for i in range(n)]
+  by_group, seen = {}, set()
+  for i in order:
+    if (b["group"][i], b["rollout"][i]) in seen:
+      continue
+    by_group.setdefault(b["group"][i], []).append(score[i])
+    if not cross_steps:
+      seen.add((b["group"][i], b["rollout"][i]))
+  out = np.zeros(n)
+  for i in range(n):
+    v = np.array(by_group[b["group"][i]])
+    a = 0.0
+    if len(v) > 1:
+      a = score[i] - v.mean()
+      if use_std:
+        a /= v.std(ddof=1) + eps
+    anchor = [
+      step_ret[j] for j in range(n) if (b["group"][j], b["obs"][j]) == (b["group"][i], b["obs"][i])
+    ]
+    s = 0.0
+    if len(anchor) > 1:
+      s = step_ret[i] - np.mean(anchor)
+      if use_std:
+        s /= np.std(anchor, ddof=1) + eps
+    out[i] = a + w * s
+  return out
+
+
+@pytest.mark.parametrize("use_std", [True, False])
+@pytest.mark.parametrize("stats", ["steps", "trajectory"])
+@pytest.mark.parametrize("penalty", [0.0, 0.1])
+def test_gigpo_verl_agent_switches(use_std, stats, penalty):
+  b = random_batch(4, n_groups=3, n=4, max_len=6, n_obs=2)
+  valid = np.random.default_rng(5).random(len(b["ret"])) > 0.3
+  assert not valid.all() and valid.any()
+  got = A.gigpo_advantages(
+    b["group"],
+    b["rollout"],
+    b["step"],
+    b["obs"],
+    b["ret"],
+    b["rew"],
+    gamma=0.95,
+    use_std=use_std,
+    episode_stats=stats,
+    valid=valid,
+    invalid_penalty=penalty,
+  )
+  want = ref_gigpo_verl(b, valid, use_std=use_std, cross_steps=stats == "steps", penalty=penalty)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gigpo_switches_change_the_result():
+  """Cross-step statistics weigh long episodes more; the penalty lowers invalid turns."""
+  b = random_batch(6, n_groups=2, n=4, max_len=6)
+  kw = dict(use_std=False, gamma=0.95)
+  base = A.gigpo_advantages(b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"], **kw)
+  steps = A.gigpo_advantages(
+    b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"], episode_stats="steps", **kw
+  )
+  assert not np.allclose(base, steps)
+  valid = np.ones(len(b["ret"]), bool)
+  valid[0] = False
+  pen = A.gigpo_advantages(
+    b["group"],
+    b["rollout"],
+    b["step"],
+    b["obs"],
+    b["ret"],
+    b["rew"],
+    valid=valid,
+    invalid_penalty=0.1,
+    **kw,
+  )
+  assert pen[0] < base[0]
+  with pytest.raises(ValueError, match="valid: trajectory, steps"):
+    A.gigpo_advantages([0], [0], [0], ["o"], [1.0], [1.0], episode_stats="rows")
+
+
+def test_turn_advantages_pass_the_turns_valid_flags():
+  from empo2_jax.rl.batch import Turn, turn_advantages
+
+  b = random_batch(7, n_groups=2, n=3, max_len=4)
+  valid = np.arange(len(b["ret"])) % 3 != 0
+  turns = [
+    Turn(
+      [],
+      "",
+      [],
+      [],
+      "on",
+      b["group"][i],
+      int(b["rollout"][i]),
+      int(b["step"][i]),
+      float(b["ret"][i]),
+      float(b["rew"][i]),
+      0.0,
+      b["obs"][i],
+      bool(valid[i]),
+    )
+    for i in range(len(valid))
+  ]
+  kw = dict(gamma=0.9, step_weight=1.0, use_std=False, episode_stats="steps", invalid_penalty=0.1)
+  got = turn_advantages(turns, "gigpo", **kw)
+  want = A.gigpo_advantages(
+    b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"], valid=valid, **kw
+  )
+  np.testing.assert_allclose(got, want)
+  assert not np.allclose(got, turn_advantages(turns, "gigpo", **{**kw, "invalid_penalty": 0.0}))

@@ -78,6 +78,18 @@ def discounted_returns(rollout_ids, steps, rewards, gamma):
   return out
 
 
+EPISODE_STATS = ("trajectory", "steps")
+
+
+def _group_stats(values, gid, n_groups, ddof):
+  """(mean [G], std [G], count [G]) of `values` per group id."""
+  values = np.asarray(values, np.float64)
+  count = np.bincount(gid, minlength=n_groups).astype(np.float64)
+  mean = np.bincount(gid, weights=values, minlength=n_groups) / np.maximum(count, 1)
+  sq = np.bincount(gid, weights=(values - mean[gid]) ** 2, minlength=n_groups)
+  return mean, np.sqrt(sq / np.maximum(count - ddof, 1)), count
+
+
 def gigpo_advantages(
   group_ids,
   rollout_ids,
@@ -89,26 +101,53 @@ def gigpo_advantages(
   gamma=0.95,
   step_weight=1.0,
   use_std=True,
+  episode_stats="trajectory",
+  valid=None,
+  invalid_penalty=0.0,
   ddof=1,
   eps=1e-6,
 ):
   """GiGPO (Feng et al. 2025): A = A_episode + w * A_step. [N] float32.
 
-  A_episode: the rollout's return normalised over the n rollouts of its group.
-  A_step: the turn's discounted return normalised within its anchor group = turns of the same
-  task-row group whose current observation is identical (singletons -> 0).
-  use_std=False is the "w/o std" variant (divide by 1 instead of std + eps).
+  Episode score of a turn = its episode return, minus `invalid_penalty` when the turn's action was
+  invalid (`valid[i]` False); step return R_t = the turn's discounted return (gamma), minus the
+  same penalty on invalid turns (verl-agent's apply_invalid_action_penalty, coefficient 0.1 there).
+  A_episode = (score - mean) / F_norm with the group's statistics taken over
+    episode_stats "trajectory": one score per rollout of the group (the rollout's first turn);
+                  "steps": every turn row of the group (verl-agent's default,
+                  compute_mean_std_cross_steps=True: longer episodes weigh more).
+  A_step = (R_t - mean) / F_norm within the turn's anchor group (turns of the same task-row group
+  whose current observation is identical; singletons -> 0).
+  F_norm = std + eps with use_std=True ("mean_std_norm", the paper's "w/ std" row), 1 with
+  use_std=False ("mean_norm", verl-agent's default, "w/o std"). std has ddof=1 (torch.std).
+  A group with a single member gets A_episode = 0 (verl-agent: mean 0, std 1, i.e. the raw score;
+  with group_size >= 2 that happens only when the pool lost the other rollouts).
+  The defaults (trajectory, no penalty) are this project's earlier GiGPO; the `gigpo` method
+  (train/methods.py) sets verl-agent's (steps, use_std False, penalty 0.1).
   """
-  rid, n_roll = _group_index(rollout_ids)
-  roll_return = np.zeros(n_roll)
-  roll_return[rid] = np.asarray(returns, np.float64)
-  roll_group = np.empty(n_roll, dtype=object)
-  roll_group[rid] = list(group_ids)
-  gid, n_groups = _group_index(list(roll_group))
-  a_episode = _normalise_in_groups(roll_return, gid, n_groups, use_std=use_std, ddof=ddof, eps=eps)[
-    rid
-  ]
-  g = discounted_returns(rollout_ids, steps, rewards, gamma)
+  if episode_stats not in EPISODE_STATS:
+    raise ValueError(f"episode_stats={episode_stats!r}; valid: {', '.join(EPISODE_STATS)}")
+  n = len(returns)
+  penalty = np.zeros(n)
+  if valid is not None and invalid_penalty:
+    penalty = invalid_penalty * (1.0 - np.asarray(valid, np.float64))
+  score = np.asarray(returns, np.float64) - penalty
+  gid, n_groups = _group_index(group_ids)
+  if episode_stats == "steps":
+    mean, std, count = _group_stats(score, gid, n_groups, ddof)
+  else:
+    rid, n_roll = _group_index(rollout_ids)
+    steps_arr = np.asarray(steps)
+    first = np.full(n_roll, -1, np.int64)  # each rollout's first turn (lowest step)
+    for i in np.lexsort((steps_arr, rid)):
+      if first[rid[i]] < 0:
+        first[rid[i]] = i
+    mean, std, count = _group_stats(score[first], gid[first], n_groups, ddof)
+  centred = score - mean[gid]
+  if use_std:
+    centred = centred / (std[gid] + eps)
+  a_episode = np.where(count[gid] > 1, centred, 0.0)
+  g = discounted_returns(rollout_ids, steps, rewards, gamma) - penalty
   aid, n_anchor = _group_index(list(zip(group_ids, obs_keys)))
   a_step = _normalise_in_groups(g, aid, n_anchor, use_std=use_std, ddof=ddof, eps=eps)
   return (a_episode + step_weight * a_step).astype(np.float32)

@@ -65,6 +65,7 @@ class Turn:
   reward: float = 0.0  # this step's env reward (score delta)
   intrinsic: float = 0.0  # this step's memory reward r_int (0 without memory)
   obs_key: Hashable = ""  # the current observation, for GiGPO anchor states
+  valid: bool = True  # the env accepted the raw action as-is (GiGPO's invalid-action penalty)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +126,8 @@ def turn_advantages(turns: Sequence[Turn], estimator: str, **kwargs) -> np.ndarr
   """Advantages [N] for the turns. estimator: "grpo_step" | "grpo_rollout" | "gigpo".
 
   grpo_step: score = episode return + intrinsic (paper-era). grpo_rollout: sum over the rollout of
-  (reward + intrinsic) (release). gigpo: kwargs gamma, step_weight, use_std (SPEC §6).
+  (reward + intrinsic) (release). gigpo: kwargs gamma, step_weight, use_std,
+  episode_stats, invalid_penalty (SPEC §6; the turns' `valid` flags feed the penalty).
   """
   g = [t.group_id for t in turns]
   r = [t.rollout_id for t in turns]
@@ -143,6 +145,7 @@ def turn_advantages(turns: Sequence[Turn], estimator: str, **kwargs) -> np.ndarr
       [t.obs_key for t in turns],
       [t.episode_return for t in turns],
       [t.reward for t in turns],
+      valid=[t.valid for t in turns],
       **kwargs,
     )
   raise ValueError(

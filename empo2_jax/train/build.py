@@ -54,6 +54,10 @@ def check_config(c) -> None:
     raise ConfigError(
       f"advantage.estimator={c.advantage.estimator!r}; valid: grpo_step, grpo_rollout, gigpo"
     )
+  if c.advantage.episode_stats not in ("trajectory", "steps"):
+    raise ConfigError(
+      f"advantage.episode_stats={c.advantage.episode_stats!r}; valid: trajectory, steps"
+    )
   if c.env.name != "scienceworld":
     raise ConfigError(f"env.name={c.env.name!r}; only 'scienceworld' is implemented")
   if c.rollout.group_size < 2:

@@ -185,6 +185,8 @@ register(
     "advantage.gamma": 0.95,
     "advantage.step_weight": 1.0,
     "advantage.use_std": False,
+    "advantage.episode_stats": "steps",
+    "advantage.invalid_penalty": 0.1,
   },
   label="GiGPO w/o std",
 )
@@ -197,6 +199,8 @@ register(
     "advantage.gamma": 0.95,
     "advantage.step_weight": 1.0,
     "advantage.use_std": True,
+    "advantage.episode_stats": "steps",
+    "advantage.invalid_penalty": 0.1,
   },
   label="GiGPO w/ std",
 )

@@ -241,7 +241,11 @@ class Trainer:
     adv_kwargs = {}
     if c.advantage.estimator == "gigpo":
       adv_kwargs = dict(
-        gamma=c.advantage.gamma, step_weight=c.advantage.step_weight, use_std=c.advantage.use_std
+        gamma=c.advantage.gamma,
+        step_weight=c.advantage.step_weight,
+        use_std=c.advantage.use_std,
+        episode_stats=c.advantage.episode_stats,
+        invalid_penalty=c.advantage.invalid_penalty,
       )
     advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
     # optim.layout: one row per episode and view ("packed", rl/packing.py) or one per turn.
