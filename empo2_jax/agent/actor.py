@@ -42,109 +42,21 @@ import dataclasses
 import time
 from typing import Optional, Sequence
 
-import numpy as np
-
 import jax
 
 from empo2_jax.agent import hosts, prompts
-from empo2_jax.envs.fewshot import PromptMaterial
-from empo2_jax.memory.reflect import MemoryWrite, clean_tip, format_score, memory_text, tip_chat
+from empo2_jax.agent.episode import MEMORY_KEY_TEXTS, MEMORY_KEYS, ActorSettings, Episode
+from empo2_jax.agent.episode_keys import EpisodeKeys
+from empo2_jax.agent.materials import PromptMaterial, material_for
+from empo2_jax.agent.memory import Memory, chat_key, recent_key
+from empo2_jax.memory.reflect import MemoryWrite, clean_tip, memory_text, tip_chat
 from empo2_jax.memory.rewards import intrinsic_reward
 from empo2_jax.memory.sync import gather_and_commit
 from empo2_jax.model.chat import ChatTokens
 from empo2_jax.model.tokenizer import stop_ids
 from empo2_jax.rl.batch import Turn
-from empo2_jax.sampling.sampler import SamplerSettings, get_engine, row_keys
+from empo2_jax.sampling.sampler import SamplerSettings, get_engine
 from empo2_jax.sampling.session import Session
-
-
-MEMORY_KEYS = ("step", "final")
-MEMORY_KEY_TEXTS = ("recent", "chat")
-
-
-@dataclasses.dataclass(frozen=True)
-class ActorSettings:
-  max_new_tokens: int = 32
-  max_context: int = 8192
-  top_p: float = 1.0
-  top_k: int = 0
-  tip_max_new_tokens: int = 128
-  tip_temperature: float = 1.0
-  intrinsic_scale: float = 1.0
-  intrinsic_reward: bool = True
-  memory_key: str = "step"  # 'step' or 'final': which transcript keys a step's memory
-  memory_key_text: str = "recent"  # 'recent' or 'chat': how a key's text is built (docstring)
-  key_chars: int = 1200  # key length in characters when there is no encoder to count pieces
-  cache_dtype: str = "bfloat16"
-
-  def __post_init__(self):
-    if self.memory_key not in MEMORY_KEYS:
-      raise ValueError(f"memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)}")
-    if self.memory_key_text not in MEMORY_KEY_TEXTS:
-      raise ValueError(
-        f"memory_key_text={self.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
-      )
-
-
-@dataclasses.dataclass
-class Episode:
-  task: str
-  variation: int
-  group_id: int
-  rollout_id: int
-  mode: str
-  use_memory: bool
-  messages: list = dataclasses.field(default_factory=list)
-  key_lines: list = dataclasses.field(default_factory=list)  # compact transcript for keys
-  step_keys: list = dataclasses.field(default_factory=list)  # key text used at each step
-  turns: list = dataclasses.field(default_factory=list)  # rl.batch.Turn per step
-  executed: list = dataclasses.field(default_factory=list)
-  observations: list = dataclasses.field(default_factory=list)
-  retrieved: list = dataclasses.field(default_factory=list)  # memories shown per step
-  tips_shown: list = dataclasses.field(default_factory=list)  # their texts, per step
-  score: float = 0.0
-  done: bool = False
-  success: bool = False
-  env_failed: bool = False
-  tip: str = ""
-  final_observation: str = ""  # what the agent saw after its last action
-
-  @property
-  def episode_return(self) -> float:
-    return float(self.score)
-
-
-class Memory:
-  """The encoder, store and index used together by the actor."""
-
-  def __init__(self, encoder, store, index):
-    self.encoder, self.store, self.index = encoder, store, index
-
-  def retrieve(self, slots: Sequence, keys: Sequence[str]) -> list[list[str]]:
-    if not keys:
-      return []
-    emb = self.encoder.encode(list(keys))
-    own = [self.store.slot(s) is not None for s in slots]
-    out = [[] for _ in keys]
-    idx = [i for i, ok in enumerate(own) if ok]
-    if idx:
-      hits = self.index.search_batch([slots[i] for i in idx], emb[idx])
-      for i, h in zip(idx, hits):
-        out[i] = [x.text for x in h]
-    for i, ok in enumerate(own):
-      if not ok:  # unseen variation: every slot of the task, merged by stored score
-        task_slots = [k for k in self.store.keys() if k[0] == slots[i][0]]
-        merged = [
-          x
-          for k, h in zip(
-            task_slots,
-            self.index.search_batch(task_slots, np.repeat(emb[i : i + 1], len(task_slots), 0)),
-          )
-          for x in h
-        ]
-        merged.sort(key=lambda x: -x.score)
-        out[i] = [x.text for x in merged[: self.index.cfg.top_k]]
-    return out
 
 
 class Actor:
@@ -157,8 +69,10 @@ class Actor:
     settings: ActorSettings = ActorSettings(),
     sampler_settings: SamplerSettings = SamplerSettings(),
     mesh=None,
+    prompt_set: prompts.PromptSet = prompts.SCIENCEWORLD,
   ):
     self.pool, self.tok, self.materials = pool, tokenizer, materials
+    self.prompts = prompt_set  # the env's messages (its registry entry's PromptSet)
     self.mesh = mesh
     self.memory, self.settings = memory, settings
     self.sampler_settings = dataclasses.replace(sampler_settings, cache_dtype=settings.cache_dtype)
@@ -186,8 +100,9 @@ class Actor:
 
   def _user_message(self, ep: Episode, observation: str, tips: Sequence[str] = ()) -> str:
     if not ep.messages:
-      return prompts.first_user_message(self.materials[(ep.task, ep.variation)], observation, tips)
-    return prompts.step_user_message(observation, tips)
+      material = self.materials[(ep.task, ep.variation)]
+      return self.prompts.first_user_message(material, observation, tips)
+    return self.prompts.step_user_message(observation, tips)
 
   def _key(self, ep: Episode, observation: Optional[str]) -> str:
     """The memory key of `ep` before its next user message (observation None: at its end)."""
@@ -199,39 +114,15 @@ class Actor:
     return self._recent_key(ep, observation)
 
   def _chat_key(self, messages) -> str:
-    """ "role: content" lines of the chat (system excluded), cut to the encoder's first window."""
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
     enc = self.memory.encoder if self.memory is not None else None
-    if enc is None:
-      return text[: self.settings.key_chars]
-    pieces = enc.tokenizer.encode(text)  # truncating tokenizer: the first window only
-    if not pieces.overflowing:
-      return text
-    ends = [
-      end for (_, end), special in zip(pieces.offsets, pieces.special_tokens_mask) if not special
-    ]
-    return text[: max(ends, default=0)]
+    return chat_key(messages, enc, self.settings.key_chars)
 
   def _recent_key(self, ep: Episode, observation: Optional[str]) -> str:
-    """Task line + the most recent observation/action lines that fit the encoder's window.
-
-    Lines are dropped from the front, counted in the encoder's word pieces, so the current
-    observation (the most step-specific part) is never what gets truncated.
-    """
+    """Task line + the most recent observation/action lines that fit the encoder's window."""
     head = f"task: {self.materials[(ep.task, ep.variation)].task_description.strip()}"
     lines = ep.key_lines + ([f"observation: {observation.strip()}"] if observation else [])
     enc = self.memory.encoder if self.memory is not None else None
-    if enc is None:
-      return "\n".join([head] + lines)[-self.settings.key_chars :]
-    counts = [len(e.ids) - 2 for e in enc.tokenizer.encode_batch([head] + lines)]
-    budget = enc.cfg.max_seq_length - 2 - counts[0]
-    kept = []
-    for line, n in zip(reversed(lines), reversed(counts[1:])):
-      if n > budget and kept:
-        break
-      kept.append(line)
-      budget -= n
-    return "\n".join([head] + kept[::-1])
+    return recent_key(head, lines, enc, self.settings.key_chars)
 
   def rollout(
     self,
@@ -269,7 +160,7 @@ class Actor:
     session = None
     self._chats, self._clock = {}, collections.Counter()
     if episodes:  # a host may have none when there are fewer episodes than hosts
-      engine = _EpisodeKeys(get_engine(model_config, self.sampler_settings, self.mesh), share)
+      engine = EpisodeKeys(get_engine(model_config, self.sampler_settings, self.mesh), share)
       session = Session(
         params,
         model_config,
@@ -400,7 +291,7 @@ class Actor:
     temperature: float,
     keep_prefix=None,
   ) -> dict:
-    """One session call; row r draws with fold_in(key, episode index of r) (see _EpisodeKeys)."""
+    """One session call; row r draws with fold_in(key, episode index of r) (see EpisodeKeys)."""
     session.engine.step_key = key
     s = self.settings
     return session.step(
@@ -417,10 +308,7 @@ class Actor:
   # ------------------------------------------------------------------------------------------
   def _tip_messages(self, e: Episode) -> list:
     chat = tip_chat(e.messages)
-    outcome = (
-      f"Observation: {e.final_observation.strip()}\n\nThe episode is over; your final "
-      f"score is {format_score(e.score)}/100.\n\n"
-    )
+    outcome = prompts.outcome_message(e.final_observation, e.score, self.prompts.score_out_of)
     chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
     return chat
 
@@ -450,7 +338,12 @@ class Actor:
       keys = e.step_keys if s.memory_key == "step" else [self._key(e, final)] * len(e.executed)
       for action, key in zip(e.executed, keys):
         writes.append(
-          MemoryWrite((e.task, e.variation), memory_text(e.tip, action, e.score), e.score, key)
+          MemoryWrite(
+            (e.task, e.variation),
+            memory_text(e.tip, action, e.score, self.prompts.score_out_of),
+            e.score,
+            key,
+          )
         )
     _, uids = gather_and_commit(self.memory.store, self.memory.encoder, writes, iteration)
     return {
@@ -459,37 +352,14 @@ class Actor:
     }
 
 
-class _EpisodeKeys:
-  """A sampling Engine whose decode draws row r with fold_in(step_key, episode_ids[r]).
-
-  Session.step draws row r with fold_in(rng, r), r being a slot of this host's session; on a pod
-  the same episode would then sample differently depending on the host that runs it. The actor
-  sets `step_key` before each call (`Actor._sample`) and rows draw with keys folded from their
-  episode's index in the whole rollout instead. With one process the ids are 0..n-1 and the keys
-  are exactly the ones Session draws itself. Everything else is the wrapped engine's.
-  """
-
-  def __init__(self, engine, episode_ids: Sequence[int]):
-    self._engine, self._ids = engine, list(episode_ids)
-    self.step_key = None
-
-  def __getattr__(self, name):
-    return getattr(self._engine, name)
-
-  def decode(self, params, cache, hidden, length, active, keys, **kwargs):
-    del keys  # fold_in(step_key, slot): replaced by per-episode keys
-    if self.step_key is None:
-      raise RuntimeError("_EpisodeKeys.decode before step_key was set (use Actor._sample)")
-    keys = self._engine._rows(row_keys(self.step_key, self._ids))
-    return self._engine.decode(params, cache, hidden, length, active, keys, **kwargs)
-
-
-def material_for(env, task: str, variations: Sequence[int], n_few_shot: int = 2) -> dict:
-  """{(task, variation): PromptMaterial} from a local SciWorldEnv (few-shot from train only)."""
-  from empo2_jax.envs import fewshot
-
-  shots = tuple(fewshot.gold_trajectories(env, task, n=n_few_shot))
-  return {(task, int(v)): fewshot.prompt_material(env, task, int(v), shots) for v in variations}
-
-
-__all__ = ["Actor", "ActorSettings", "Episode", "Memory", "material_for", "PromptMaterial"]
+__all__ = [
+  "Actor",
+  "ActorSettings",
+  "Episode",
+  "EpisodeKeys",
+  "MEMORY_KEYS",
+  "MEMORY_KEY_TEXTS",
+  "Memory",
+  "material_for",
+  "PromptMaterial",
+]

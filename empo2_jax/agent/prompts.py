@@ -1,4 +1,5 @@
-"""The agent's chat (SPEC §2), in our own words.
+"""The agent's chat (SPEC §2), in our own words: the parts every environment shares (the tip block,
+the outcome line of the tip chat, `PromptSet`) and ScienceWorld's messages.
 
 An episode's chat only grows: turn t's prompt is turn t-1's prompt + the model's raw response + the
 next user message, so the sampler can reuse the cached prefix. For that reason the action
@@ -8,11 +9,16 @@ turn's user message for the rest of the episode.
   first user message: task, few-shot gold trajectories, action templates, focus items, inventory,
                       current observation, [tip block], instruction
   later user message: observation, [tip block], instruction
+
+Another environment brings its own first/step messages in a `PromptSet` (its registry entry,
+envs/registry.py) and keeps `tip_block` for its tips, so the memory and the tip-free batch views
+(rl.batch.strip_tips) work unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
 
 from empo2_jax.envs.fewshot import PromptMaterial, format_trajectory
 
@@ -55,3 +61,30 @@ def first_user_message(material: PromptMaterial, observation: str, tips: Sequenc
 
 def step_user_message(observation: str, tips: Sequence[str] = ()) -> str:
   return f"Observation: {observation.strip()}\n\n" + tip_block(tips) + INSTRUCTION
+
+
+def outcome_message(final_observation: str, score: float, out_of: Optional[float] = 100) -> str:
+  """What the tip chat shows before the tip prompt: the last observation and the final score
+  ("score 40/100"; without a maximum, "score 0.8")."""
+  from empo2_jax.memory.reflect import format_score
+
+  of = f"/{format_score(out_of)}" if out_of else ""
+  return (
+    f"Observation: {final_observation.strip()}\n\nThe episode is over; your final "
+    f"score is {format_score(score)}{of}.\n\n"
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+  """An environment's messages. first(material, observation, tips) opens the episode (material:
+  what the env's registry entry built for (task, variation); it must have `task_description`,
+  which the memory keys use); step(observation, tips) follows each action; score_out_of is the
+  score's maximum shown in tips and memories ("score 40/100"), None for a return without one."""
+
+  first_user_message: Callable[[Any, str, Sequence[str]], str]
+  step_user_message: Callable[[str, Sequence[str]], str]
+  score_out_of: Optional[float] = 100
+
+
+SCIENCEWORLD = PromptSet(first_user_message, step_user_message, 100)

@@ -20,26 +20,36 @@ SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
 @dataclasses.dataclass(frozen=True)
 class ResetInfo:
+  """What a reset tells besides the first observation. Every environment fills task, variation,
+  task_description and max_steps; the fields with defaults are optional (ScienceWorld fills
+  inventory and look; the puzzles fill state)."""
+
   task: str
   variation: int
   task_description: str
-  inventory: str
-  look: str  # the look-around text of the start room
-  max_steps: int  # agent steps before the episode is cut off
+  inventory: str = ""  # ScienceWorld: the agent's inventory text
+  look: str = ""  # ScienceWorld: the look-around text of the start room
+  max_steps: int = 0  # agent steps (turns) before the episode is cut off
   env_failed: bool = False  # the pool could not start this episode (repeated worker failures)
+  state: str = ""  # the bare state rendering where an env has one (puzzle grids; SPA's targets)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
-  score: int  # simulator score after this step, 0..100, or -100 on failure
+  """What a step tells besides observation, reward and done. `score` is the episode's score so
+  far: ScienceWorld's simulator score (0..100, -100 on failure); for environments with rewards
+  (the puzzles) the return so far, so that an episode's return is its final score."""
+
+  score: float
   valid: bool  # the raw text was accepted as-is (no correction needed)
   raw_action: str  # what the agent wrote, kept for its history
-  executed_action: str  # what the simulator executed (after correction)
-  moves: int  # simulator move counter
-  steps: int  # agent steps taken in this episode, this one included
-  truncated: bool  # ended by the agent step limit rather than by the simulator
-  success: bool  # done and score above the success threshold
+  executed_action: str  # what the environment executed (after correction / parsing)
+  moves: int = 0  # environment move counter (ScienceWorld: simulator moves; puzzles: actions)
+  steps: int = 0  # agent steps taken in this episode, this one included
+  truncated: bool = False  # ended by a step/action limit rather than by the environment
+  success: bool = False  # the environment's success criterion (ScienceWorld: done, score > 70)
   env_failed: bool = False  # the pool gave up on this episode after repeated worker failures
+  state: str = ""  # the bare state rendering after this step, where an env has one
 
 
 class ResetResult(NamedTuple):
@@ -80,3 +90,33 @@ def check_split(split: str) -> None:
 def check_task(task: str, tasks: Sequence[str]) -> None:
   if task not in tasks:
     raise ValueError(f"Unknown task {task!r}. Valid tasks: {', '.join(tasks)}.")
+
+
+@runtime_checkable
+class WorkerHost(Protocol):
+  """What one pool worker process holds: it makes the envs of the worker's slots."""
+
+  @property
+  def pid(self) -> int:
+    """A helper process that must die with the worker (ScienceWorld: its JVM); 0 when none."""
+    ...
+
+  def new_env(self) -> TextEnv: ...
+
+  def close(self) -> None: ...
+
+
+@runtime_checkable
+class WorkerFactory(Protocol):
+  """Picklable recipe for a pool worker's envs (sent to a spawned process, so it must pickle):
+  `start()` runs in the worker process and returns its WorkerHost; the parent uses `name`,
+  `tasks` and `max_steps` (failure records, input checks)."""
+
+  name: str
+
+  @property
+  def tasks(self) -> Sequence[str]: ...
+
+  def max_steps(self, task: str) -> int: ...
+
+  def start(self) -> WorkerHost: ...

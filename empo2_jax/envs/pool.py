@@ -1,15 +1,20 @@
-"""A pool of worker processes, each owning one ScienceWorld JVM, that steps many episodes at once.
+"""A pool of worker processes that steps many episodes of any TextEnv at once.
 
   with EnvPool(SciWorldConfig(), PoolConfig(num_workers=4)) as pool:
     first = pool.reset([("find-plant", 0), ("find-plant", 1), ...])   # one slot per episode
     results = pool.step(["open door to greenhouse", None, ...])       # None: leave slot alone
 
-Slot i lives on worker i % num_workers; a worker hosts all its slots in its one JVM. Each call
-sends every worker its share first and then collects, so workers run in parallel.
+  EnvPool(registry.get_suite("frozenlake").worker(env_cfg), PoolConfig(...))   # any env
+
+The first argument is a `base.WorkerFactory` (picklable: it is sent to each spawned worker, whose
+`start()` makes a WorkerHost that builds the envs of the worker's slots) or, for ScienceWorld, its
+SciWorldConfig. Slot i lives on worker i % num_workers; a ScienceWorld worker hosts all its slots
+in its one JVM (the host's helper process, `pid`). Each call sends every worker its share first
+and then collects, so workers run in parallel.
 
 Failures never reach the caller as exceptions: a worker that errors, dies or stays silent past
-`call_timeout_s` is killed (with its JVM) and replaced; its unfinished episodes are reset and
-their recorded action texts replayed, then the pending step is sent again. After `max_retries`
+`call_timeout_s` is killed (with its JVM, if any) and replaced; its unfinished episodes are reset
+and their recorded action texts replayed, then the pending step is sent again. After `max_retries`
 failed replacements in one call the worker's unfinished episodes end with `env_failed=True`.
 `close()` (also run by the context manager and at interpreter exit) ends every worker and JVM.
 """
@@ -26,20 +31,25 @@ import signal
 import traceback
 from typing import Any, Sequence
 
-from empo2_jax.envs.base import ResetInfo, ResetResult, StepInfo, StepResult, check_task
-from empo2_jax.envs.scienceworld import (
-  ALL_TASKS,
-  DEFAULT_JAVA_OPTIONS,
-  SciWorldConfig,
-  SciWorldEnv,
-  ScienceWorldJvm,
+from empo2_jax.envs.base import (
+  ResetInfo,
+  ResetResult,
+  StepInfo,
+  StepResult,
+  TextEnv,
+  WorkerFactory,
+  check_task,
 )
+
+# ScienceWorld's JVM options (envs/scienceworld.py:DEFAULT_JAVA_OPTIONS; repeated here so that a
+# pool of another env does not import py4j). tests/test_envs_registry.py checks they are equal.
+DEFAULT_JAVA_OPTIONS = "-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
   num_workers: int = 4
-  java_tool_options: str = DEFAULT_JAVA_OPTIONS  # JAVA_TOOL_OPTIONS of every worker's JVM
+  java_tool_options: str = DEFAULT_JAVA_OPTIONS  # ScienceWorld: JAVA_TOOL_OPTIONS of every JVM
   call_timeout_s: float = 120.0  # a worker silent this long on a step call counts as hung
   reset_timeout_s: float = 300.0  # the same for reset/replay calls (loads warm up the JIT)
   start_timeout_s: float = 180.0  # worker start-up, JVM included
@@ -52,19 +62,19 @@ class PoolConfig:
 
 
 # ---------------------------------------------------------------------------- worker process
-def _worker_main(conn, env_config: SciWorldConfig) -> None:
+def _worker_main(conn, factory: WorkerFactory) -> None:
   """Serves ('reset', [(slot, task, variation, replay_actions)]) and ('step', [(slot, action)])."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
   signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (a preempted trainer finishes its iteration)
   logging.getLogger("py4j").setLevel(logging.CRITICAL)  # a dead JVM is reported to the parent
   try:
-    jvm = ScienceWorldJvm(env_config.java_tool_options)
+    host = factory.start()
   except Exception:  # pylint: disable=broad-except
     conn.send(("error", traceback.format_exc()))
     return
-  envs: dict[int, SciWorldEnv] = {}
+  envs: dict[int, TextEnv] = {}
   try:
-    conn.send(("ready", jvm.pid))
+    conn.send(("ready", int(host.pid)))
     while True:
       try:
         cmd, payload = conn.recv()
@@ -76,7 +86,7 @@ def _worker_main(conn, env_config: SciWorldConfig) -> None:
         if cmd == "reset":
           out = []
           for slot, task, variation, replay in payload:
-            env = envs.get(slot) or envs.setdefault(slot, SciWorldEnv(env_config, jvm=jvm))
+            env = envs.get(slot) or envs.setdefault(slot, host.new_env())
             first = env.reset(task, variation)
             for action in replay:
               env.step(action)
@@ -88,14 +98,14 @@ def _worker_main(conn, env_config: SciWorldConfig) -> None:
       except ValueError as e:  # bad input from the caller: report it, keep serving
         conn.send(("bad_input", str(e)))
         continue
-      except Exception:  # pylint: disable=broad-except  (JVM gone or broken: this worker ends)
+      except Exception:  # pylint: disable=broad-except  (JVM/env broken: this worker ends)
         conn.send(("error", traceback.format_exc()))
         break
       conn.send(("ok", out))
   finally:
     with contextlib.suppress(Exception):
       conn.close()
-    jvm.close()
+    host.close()
 
 
 # ---------------------------------------------------------------------------- process helpers
@@ -133,7 +143,7 @@ class _Episode:
   actions: list[str] = dataclasses.field(default_factory=list)
   done: bool = False
   failed: bool = False
-  score: int = 0
+  score: float = 0
   steps: int = 0
 
 
@@ -143,16 +153,11 @@ class _WorkerFailed(Exception):
 
 # ---------------------------------------------------------------------------- the pool
 class EnvPool:
-  """Steps many ScienceWorld episodes in `num_workers` processes; see the module docstring."""
+  """Steps many episodes in `num_workers` processes; see the module docstring."""
 
-  def __init__(
-    self, env_config: SciWorldConfig | None = None, pool_config: PoolConfig | None = None
-  ):
-    self.env_config = env_config or SciWorldConfig()
+  def __init__(self, env_config: Any = None, pool_config: PoolConfig | None = None):
     self.config = pool_config or PoolConfig()
-    self.env_config = dataclasses.replace(
-      self.env_config, java_tool_options=self.config.java_tool_options
-    )
+    self.factory = _factory(env_config, self.config)
     self._ctx = mp.get_context("spawn")
     self._workers: list[_Worker | None] = [None] * self.config.num_workers
     self._episodes: list[_Episode] = []
@@ -173,7 +178,7 @@ class EnvPool:
     """Starts one episode per (task, variation); slot i of later calls is episodes[i]."""
     self._check_open()
     for task, _ in episodes:
-      check_task(task, ALL_TASKS)
+      check_task(task, self.factory.tasks)
     n = self.config.num_workers
     self._episodes = [_Episode(task, int(var), i % n) for i, (task, var) in enumerate(episodes)]
     jobs = {w: [] for w in range(n)}
@@ -224,8 +229,8 @@ class EnvPool:
     return out
 
   def java_pids(self) -> list[int]:
-    """JVM process ids of the current workers."""
-    return [w.java_pid for w in self._workers if w is not None]
+    """Helper process ids (ScienceWorld: JVMs) of the current workers; empty for envs without."""
+    return [w.java_pid for w in self._workers if w is not None and w.java_pid]
 
   def close(self) -> None:
     if self._closed:
@@ -324,7 +329,10 @@ class EnvPool:
   def _spawn(self) -> _Worker:
     parent, child = self._ctx.Pipe()
     process = self._ctx.Process(
-      target=_worker_main, args=(child, self.env_config), daemon=True, name="sciworld-worker"
+      target=_worker_main,
+      args=(child, self.factory),
+      daemon=True,
+      name=f"{self.factory.name}-worker",
     )
     process.start()
     child.close()
@@ -334,15 +342,17 @@ class EnvPool:
     if not handle.conn.poll(self.config.start_timeout_s):
       self._kill(handle)
       raise RuntimeError(
-        f"A ScienceWorld worker did not start within "
+        f"A {self.factory.name} worker did not start within "
         f"{self.config.start_timeout_s} s (PoolConfig.start_timeout_s)."
       )
     kind, payload = handle.conn.recv()
     if kind != "ready":
       self._kill(handle)
-      raise RuntimeError(f"A ScienceWorld worker failed to start its JVM:\n{payload}")
-    handle.java_pid, handle.java_start = payload, _proc_start_time(payload)
-    self.java_pids_started.append(payload)
+      raise RuntimeError(f"A {self.factory.name} worker failed to start:\n{payload}")
+    handle.java_pid = payload
+    handle.java_start = _proc_start_time(payload) if payload else None
+    if payload:
+      self.java_pids_started.append(payload)
     return handle
 
   def _replace(self, w: int) -> None:
@@ -354,7 +364,7 @@ class EnvPool:
       raise _WorkerFailed(str(e)) from e
 
   def _kill(self, handle: _Worker) -> None:
-    """Ends a worker and its JVM for sure (both SIGKILLed if still running)."""
+    """Ends a worker and its helper process (JVM) for sure (both SIGKILLed if still running)."""
     if handle.process.is_alive():
       handle.process.kill()
     handle.process.join(5)
@@ -372,7 +382,7 @@ class EnvPool:
       task_description="",
       inventory="",
       look="",
-      max_steps=self.env_config.max_steps(ep.task),
+      max_steps=self.factory.max_steps(ep.task),
       env_failed=True,
     )
     return ResetResult("", info)
@@ -395,3 +405,20 @@ class EnvPool:
   def _check_open(self) -> None:
     if self._closed:
       raise RuntimeError("This EnvPool is closed; create a new one.")
+
+
+def _factory(env_config: Any, pool_config: PoolConfig) -> WorkerFactory:
+  """The worker factory of `env_config`: a WorkerFactory as it is; a SciWorldConfig (or None,
+  ScienceWorld's defaults) becomes ScienceWorld's, with the pool's JVM options."""
+  if isinstance(env_config, WorkerFactory):
+    return env_config
+  from empo2_jax.envs.sciworld_suite import SciWorldWorkers
+  from empo2_jax.envs.scienceworld import SciWorldConfig
+
+  if env_config is not None and not isinstance(env_config, SciWorldConfig):
+    raise TypeError(
+      "EnvPool needs a WorkerFactory (envs/base.py; registry.get_suite(name).worker(env_cfg)) "
+      f"or a SciWorldConfig, got {type(env_config).__name__}"
+    )
+  cfg = env_config or SciWorldConfig()
+  return SciWorldWorkers(dataclasses.replace(cfg, java_tool_options=pool_config.java_tool_options))

@@ -107,10 +107,12 @@ def format_score(score: float) -> str:
   return str(int(s)) if s.is_integer() else f"{s:.2f}".rstrip("0").rstrip(".")
 
 
-def memory_text(tip: str, action: str, score: float) -> str:
+def memory_text(tip: str, action: str, score: float, out_of: float | None = 100) -> str:
+  """out_of: the score's maximum ("/100" for ScienceWorld); None: a return without one."""
+  of = f"/{format_score(out_of)}" if out_of else ""
   return (
     f"{tip}; At that timestep, the specific action you took was {action}; "
-    f"Eventually you got the score {format_score(score)}/100."
+    f"Eventually you got the score {format_score(score)}{of}."
   )
 
 

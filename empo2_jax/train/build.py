@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 
 from empo2_jax.model import configs as model_configs
@@ -39,10 +37,6 @@ def check_config(c) -> None:
     )
   if c.empo2.memory_key_text not in ("recent", "chat"):
     raise ConfigError(f"empo2.memory_key_text={c.empo2.memory_key_text!r}; valid: recent, chat")
-  if c.env.action_correction not in ("on_reject", "always"):
-    raise ConfigError(
-      f"env.action_correction={c.env.action_correction!r}; valid: on_reject, always"
-    )
   if c.optim.layout not in ("packed", "turn"):
     raise ConfigError(
       f"optim.layout={c.optim.layout!r}; valid: packed (one row per episode "
@@ -58,8 +52,7 @@ def check_config(c) -> None:
     raise ConfigError(
       f"advantage.episode_stats={c.advantage.episode_stats!r}; valid: trajectory, steps"
     )
-  if c.env.name != "scienceworld":
-    raise ConfigError(f"env.name={c.env.name!r}; only 'scienceworld' is implemented")
+  env_suite = suite(c)  # an unknown env.name names the valid ones
   if c.rollout.group_size < 2:
     raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
   for name in ("p_memory", "q_offpolicy"):
@@ -68,10 +61,11 @@ def check_config(c) -> None:
   if c.loss.agg not in ("token_mean", "seq_mean"):
     raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: token_mean, seq_mean")
   kl_type(c.loss.kl_estimator)
-  from empo2_jax.envs.scienceworld import ALL_TASKS  # no JVM is started by this import
-
-  if c.env.task not in ALL_TASKS:
-    raise ConfigError(f"env.task={c.env.task!r}; valid: {', '.join(ALL_TASKS)}")
+  try:  # the task, then the env's own fields (no env process starts here)
+    env_suite.check_task(c.env.task)
+    env_suite.check_config(c)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
   if c.model.checkpoint and c.model.random_init:
     raise ConfigError("model.checkpoint and model.random_init are both set; pick one")
   _check_numerics(c)
@@ -177,30 +171,30 @@ def mesh(c):
   return mesh_lib.make_mesh(dict(c.mesh))
 
 
-def env_config(c):
-  """The SciWorldConfig of config.env (the agent's step limit included)."""
-  from empo2_jax.envs.scienceworld import SciWorldConfig
+def suite(c):
+  """The EnvSuite of config.env.name (envs/registry.py)."""
+  from empo2_jax.envs import registry
 
-  kw = dict(
-    simplification=c.env.simplification,
-    num_train_rows=c.env.num_train_rows,
-    num_test_rows=c.env.num_test_rows,
-    java_tool_options=c.env.java_tool_options,
-    action_correction=c.env.action_correction,
-  )
-  if c.env.max_steps:
-    kw.update(default_max_steps=c.env.max_steps, max_steps_overrides=())
-  return SciWorldConfig(**kw)
+  try:
+    return registry.get_suite(c.env.name)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+
+
+def env_config(c):
+  """The env's own config of config.env (ScienceWorld: a SciWorldConfig, the agent's step limit
+  included)."""
+  return suite(c).env_config(c)
 
 
 def envs(c):
-  """(EnvPool, a local SciWorldEnv for prompt material) for config.env."""
+  """(EnvPool, a local env for rows, gold runs and prompt material) for config.env."""
   from empo2_jax.envs.pool import EnvPool, PoolConfig
-  from empo2_jax.envs.scienceworld import SciWorldEnv
 
-  env_cfg = env_config(c)
+  env_suite = suite(c)
+  env_cfg = env_suite.env_config(c)
   pool = EnvPool(
-    env_cfg,
+    env_suite.worker(env_cfg),
     PoolConfig(
       num_workers=c.env.workers,
       java_tool_options=c.env.java_tool_options,
@@ -208,14 +202,19 @@ def envs(c):
       max_retries=c.env.max_retries,
     ),
   )
-  try:  # the local env replays gold trajectories: no agent step limit of the demo configs
-    env = SciWorldEnv(dataclasses.replace(env_cfg, default_max_steps=1000, max_steps_overrides=()))
+  try:
+    env = env_suite.local_env(env_cfg)
     if c.env.task not in env.tasks:
       raise ConfigError(f"env.task={c.env.task!r}; valid: {', '.join(env.tasks)}")
   except BaseException:
     pool.close()
     raise
   return pool, env
+
+
+def materials(c, env, variations) -> dict:
+  """{(task, variation): prompt material} of config.env.task for `variations` (local env)."""
+  return suite(c).materials(env, c.env.task, list(variations), c.env.few_shot)
 
 
 def memory(c):
@@ -236,8 +235,10 @@ __all__ = [
   "policy",
   "tokenizer",
   "mesh",
+  "suite",
   "env_config",
   "envs",
+  "materials",
   "memory",
   "kl_type",
 ]

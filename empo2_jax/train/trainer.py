@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.agent import hosts
-from empo2_jax.agent.actor import Actor, Memory, material_for
+from empo2_jax.agent.actor import Actor, Memory
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
@@ -70,9 +70,7 @@ class Trainer:
       task = c.env.task
       self.train_rows = env.rows(task, "train")
       self.test_rows = env.rows(task, "test")
-      materials = material_for(
-        env, task, self.train_rows + self.test_rows, n_few_shot=c.env.few_shot
-      )
+      materials = build.materials(c, env, self.train_rows + self.test_rows)
       self.memory = Memory(*build.memory(c))
     except BaseException:
       self.pool.close()  # no worker or JVM outlives a failed start
@@ -87,6 +85,7 @@ class Trainer:
       settings.actor_settings(c),
       # Multi-host: each host samples its share of the episodes on its own devices.
       mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh),
+      prompt_set=build.suite(c).prompts,  # the env's messages (envs/registry.py)
     )
     # A host (numpy) copy: every process holds the same key, and orbax refuses to checkpoint
     # host-local jax arrays in a multi-host run.

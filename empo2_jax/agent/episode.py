@@ -1,0 +1,60 @@
+"""The actor's records: its settings and one episode as it is rolled out (agent/actor.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+MEMORY_KEYS = ("step", "final")
+MEMORY_KEY_TEXTS = ("recent", "chat")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSettings:
+  max_new_tokens: int = 32
+  max_context: int = 8192
+  top_p: float = 1.0
+  top_k: int = 0
+  tip_max_new_tokens: int = 128
+  tip_temperature: float = 1.0
+  intrinsic_scale: float = 1.0
+  intrinsic_reward: bool = True
+  memory_key: str = "step"  # 'step' or 'final': which transcript keys a step's memory
+  memory_key_text: str = "recent"  # 'recent' or 'chat': how a key's text is built (docstring)
+  key_chars: int = 1200  # key length in characters when there is no encoder to count pieces
+  cache_dtype: str = "bfloat16"
+
+  def __post_init__(self):
+    if self.memory_key not in MEMORY_KEYS:
+      raise ValueError(f"memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)}")
+    if self.memory_key_text not in MEMORY_KEY_TEXTS:
+      raise ValueError(
+        f"memory_key_text={self.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
+      )
+
+
+@dataclasses.dataclass
+class Episode:
+  task: str
+  variation: int
+  group_id: int
+  rollout_id: int
+  mode: str
+  use_memory: bool
+  messages: list = dataclasses.field(default_factory=list)
+  key_lines: list = dataclasses.field(default_factory=list)  # compact transcript for keys
+  step_keys: list = dataclasses.field(default_factory=list)  # key text used at each step
+  turns: list = dataclasses.field(default_factory=list)  # rl.batch.Turn per step
+  executed: list = dataclasses.field(default_factory=list)
+  observations: list = dataclasses.field(default_factory=list)
+  retrieved: list = dataclasses.field(default_factory=list)  # memories shown per step
+  tips_shown: list = dataclasses.field(default_factory=list)  # their texts, per step
+  score: float = 0.0
+  done: bool = False
+  success: bool = False
+  env_failed: bool = False
+  tip: str = ""
+  final_observation: str = ""  # what the agent saw after its last action
+
+  @property
+  def episode_return(self) -> float:
+    return float(self.score)

@@ -1,0 +1,84 @@
+"""What the actor reads memory with: the `Memory` record (encoder, store, index) with its
+retrieval, and the two memory-key texts (agent/actor.py's docstring: memory_key_text).
+
+  chat_key(messages, encoder, key_chars)          "chat": the chat as the encoder sees it
+  recent_key(head, lines, encoder, key_chars)     "recent": the task line + the newest lines
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+class Memory:
+  """The encoder, store and index used together by the actor."""
+
+  def __init__(self, encoder, store, index):
+    self.encoder, self.store, self.index = encoder, store, index
+
+  def retrieve(self, slots: Sequence, keys: Sequence[str]) -> list[list[str]]:
+    if not keys:
+      return []
+    emb = self.encoder.encode(list(keys))
+    own = [self.store.slot(s) is not None for s in slots]
+    out = [[] for _ in keys]
+    idx = [i for i, ok in enumerate(own) if ok]
+    if idx:
+      hits = self.index.search_batch([slots[i] for i in idx], emb[idx])
+      for i, h in zip(idx, hits):
+        out[i] = [x.text for x in h]
+    for i, ok in enumerate(own):
+      if not ok:  # unseen variation: every slot of the task, merged by stored score
+        task_slots = [k for k in self.store.keys() if k[0] == slots[i][0]]
+        merged = [
+          x
+          for k, h in zip(
+            task_slots,
+            self.index.search_batch(task_slots, np.repeat(emb[i : i + 1], len(task_slots), 0)),
+          )
+          for x in h
+        ]
+        merged.sort(key=lambda x: -x.score)
+        out[i] = [x.text for x in merged[: self.index.cfg.top_k]]
+    return out
+
+
+def chat_key(messages, encoder=None, key_chars: int = 1200) -> str:
+  """ "role: content" lines of the chat (system excluded), cut to the encoder's first window
+  (without an encoder: the first `key_chars` characters)."""
+  text = "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
+  if encoder is None:
+    return text[:key_chars]
+  pieces = encoder.tokenizer.encode(text)  # truncating tokenizer: the first window only
+  if not pieces.overflowing:
+    return text
+  ends = [
+    end for (_, end), special in zip(pieces.offsets, pieces.special_tokens_mask) if not special
+  ]
+  return text[: max(ends, default=0)]
+
+
+def recent_key(head: str, lines: Sequence[str], encoder=None, key_chars: int = 1200) -> str:
+  """`head` (the task line) + the most recent `lines` that fit the encoder's window.
+
+  Lines are dropped from the front, counted in the encoder's word pieces, so the newest line (the
+  current observation, the most step-specific part) is never what gets truncated. Without an
+  encoder: the last `key_chars` characters.
+  """
+  lines = list(lines)
+  if encoder is None:
+    return "\n".join([head] + lines)[-key_chars:]
+  counts = [len(e.ids) - 2 for e in encoder.tokenizer.encode_batch([head] + lines)]
+  budget = encoder.cfg.max_seq_length - 2 - counts[0]
+  kept = []
+  for line, n in zip(reversed(lines), reversed(counts[1:])):
+    if n > budget and kept:
+      break
+    kept.append(line)
+    budget -= n
+  return "\n".join([head] + kept[::-1])
+
+
+__all__ = ["Memory", "chat_key", "recent_key"]
