@@ -49,6 +49,8 @@ from typing import Any, Callable, Sequence
 # name -> the module whose import registers it (each module registers `SUITE` when imported).
 BUILTIN: dict[str, str] = {
   "scienceworld": "empo2_jax.envs.sciworld_suite",
+  "frozenlake": "empo2_jax.envs.frozenlake",
+  "sokoban": "empo2_jax.envs.sokoban",
 }
 
 _REGISTERED: dict[str, "EnvSuite"] = {}
