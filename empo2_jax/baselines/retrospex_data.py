@@ -57,10 +57,15 @@ def read_records(paths: Sequence[str]) -> list[dict]:
   out = []
   for p in paths:
     path = epath.Path(p)
-    if not (path / "dataset_info.json").exists():
-      found = sorted(path.glob("**/dataset_info.json"))
+    if not (path / "dataset_info.json").exists():  # a run's workdir or its episodes directory
+      found = []
+      for pattern in ("tfds/empo2_episodes/*", "episodes/tfds/empo2_episodes/*"):
+        found += sorted(path.glob(f"{pattern}/dataset_info.json"))
       if not found:
-        raise FileNotFoundError(f"no episode dataset (dataset_info.json) under {p}")
+        raise FileNotFoundError(
+          f"no episode dataset under {p}: pass a run trained with "
+          "--config.train.save_episodes=True (its workdir, or the TFDS version directory)"
+        )
       path = found[-1].parent
     source = trajectories.load(path)
     out += [trajectories.decode(source[i]) for i in range(len(source))]
