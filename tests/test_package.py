@@ -53,7 +53,7 @@ def test_editable_install_into_fresh_venv_imports_from_anywhere(tmp_path):
   import empo2_jax
 
   assert version == empo2_jax.__version__
-  assert deps == "['absl-py', 'array-record', 'etils[epath]']"  # declared in pyproject.toml
+  assert deps == "['absl-py', 'array-record', 'bm25s']"  # declared in pyproject.toml
 
 
 def test_no_import_path_manipulation():

@@ -51,6 +51,7 @@ BUILTIN: dict[str, str] = {
   "scienceworld": "empo2_jax.envs.sciworld_suite",
   "frozenlake": "empo2_jax.envs.frozenlake",
   "sokoban": "empo2_jax.envs.sokoban",
+  "webshop": "empo2_jax.envs.webshop.suite",
 }
 
 _REGISTERED: dict[str, "EnvSuite"] = {}
