@@ -101,7 +101,8 @@ class Actor:
   def _user_message(self, ep: Episode, observation: str, tips: Sequence[str] = ()) -> str:
     if not ep.messages:
       material = self.materials[(ep.task, ep.variation)]
-      return self.prompts.first_user_message(material, observation, tips)
+      first = self.prompts.first_user_message(material, observation, tips)
+      return f"{ep.note.strip()}\n\n{first}" if ep.note.strip() else first
     return self.prompts.step_user_message(observation, tips)
 
   def _key(self, ep: Episode, observation: Optional[str]) -> str:
@@ -136,8 +137,12 @@ class Actor:
     mode: str = "on",
     reflect: bool = False,
     iteration: int = 0,
+    notes: Optional[Sequence[str]] = None,
   ) -> list[Episode]:
     """specs: (task, variation, group_id) per episode. Returns finished episodes in spec order.
+
+    notes: optional text per spec that opens the episode's first user message (Reflexion's
+    reflections, baselines/reflexion.py); "" for none.
 
     Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
     steps only its share (`hosts.host_share`) in its own pool, with `params` on its own devices
@@ -151,9 +156,13 @@ class Actor:
       raise KeyError(f"no prompt material for {missing}; build the Actor with those variations")
     share = hosts.host_share(len(specs))
     k_steps, k_reflect = jax.random.split(rng)
+    if notes is not None and len(notes) != len(specs):
+      raise ValueError(f"{len(notes)} notes for {len(specs)} episodes")
     episodes = [
       Episode(specs[i][0], int(specs[i][1]), int(specs[i][2]), i, mode, use_memory) for i in share
     ]
+    for e in episodes:
+      e.note = str(notes[e.rollout_id]) if notes is not None else ""
     stats = dict.fromkeys(
       ("retrieved", "memory_steps", "steps", "prefill_tokens", "reused_tokens", "truncations"), 0
     )
@@ -261,6 +270,7 @@ class Actor:
             reward=float(res.reward),
             intrinsic=r_int,
             obs_key=obs[i].strip(),
+            valid=bool(res.info.valid),
           )
         )
         e.messages.append({"role": "assistant", "content": texts[i]})

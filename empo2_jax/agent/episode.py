@@ -54,6 +54,7 @@ class Episode:
   env_failed: bool = False
   tip: str = ""
   final_observation: str = ""  # what the agent saw after its last action
+  note: str = ""  # text opening the first user message (Actor.rollout's notes: Reflexion)
 
   @property
   def episode_return(self) -> float:
