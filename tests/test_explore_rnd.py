@@ -120,6 +120,7 @@ def test_config_errors_name_valid_values():
     rnd.RNDConfig(normalise="max")
 
 
+@pytest.mark.slow
 def test_rewards_with_the_minilm_encoder():
   """Texts go through the real frozen encoder: equal texts get equal rewards."""
   from empo2_jax.model.encoder import Encoder

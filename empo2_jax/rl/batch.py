@@ -19,6 +19,9 @@ Batch layout (numpy, one row per sample; L = P + R):
   sampler_logp         [B, R] float32 the sampler's log-probs of the response tokens
   advantages           [B]    float32
   sample_index         [B]    int32   index into the input turns; -1 on padding rows
+  token_temperature    [B, R] float32 only when a turn has token_temps: each response token's
+                                      sampling temperature (0: the rollout temperature)
+  he_mask              [B]    float32 only when a turn is a HeRL hindsight sample (Turn.he)
 Prompt-length check (`BatchConfig.prompt_len_check`): a sample whose prompt is longer than
 max_prompt_len is dropped. "both" (ours) measures every view the sample uses; "tip_free" (the
 release's choice) measures only the tip-free view, whatever the mode. Under "tip_free" a with-tips
@@ -66,6 +69,10 @@ class Turn:
   intrinsic: float = 0.0  # this step's memory reward r_int (0 without memory)
   obs_key: Hashable = ""  # the current observation, for GiGPO anchor states
   valid: bool = True  # the env accepted the raw action as-is (GiGPO's invalid-action penalty)
+  # The temperature each response token was sampled at, where it differs per token (SGE's
+  # strategy spans, explore/sge.py); None: the rollout temperature. The update's log-probs use it.
+  token_temps: Optional[list] = None
+  he: bool = False  # an injected HeRL hindsight sample (explore/herl.py): HE-weighted loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,8 +254,35 @@ def build_batch(
     out["sampler_logp"][row, : len(resp)] = t.sampler_logprobs
     out["advantages"][row] = advantages[i]
     out["sample_index"][row] = i
+  _method_arrays(out, [[i] for i in keep], turns, (rows,), R)
   stats.update(rows=rows, prompt_len=p_len, tokens=int(out["cur_attn"].sum()))
   return out, stats
+
+
+def _method_arrays(out: dict, members: list, turns: Sequence[Turn], lead: tuple, R: int) -> None:
+  """Adds token_temperature (lead + (R,)) and he_mask (lead) when some kept turn needs them.
+  members[b]: the turn indices of row b (one per turn layout, the packed turns otherwise)."""
+  kept = [i for m in members for i in m]
+  if any(turns[i].token_temps is not None for i in kept):
+    arr = np.zeros(lead + (R,), np.float32)
+    for b, m in enumerate(members):
+      for k, i in enumerate(m):
+        temps = turns[i].token_temps
+        if temps is None:
+          continue
+        if len(temps) != len(turns[i].response_ids):
+          raise ValueError(
+            f"turn {i}: {len(temps)} token temperatures for {len(turns[i].response_ids)} ids"
+          )
+        at = (b, k) if len(lead) == 2 else (b,)
+        arr[at + (slice(0, len(temps)),)] = temps
+    out["token_temperature"] = arr
+  if any(turns[i].he for i in kept):
+    arr = np.zeros(lead, np.float32)
+    for b, m in enumerate(members):
+      for k, i in enumerate(m):
+        arr[(b, k) if len(lead) == 2 else b] = float(turns[i].he)
+    out["he_mask"] = arr
 
 
 def build_packed_batch(
@@ -264,6 +298,7 @@ def build_packed_batch(
     cur_starts, old_starts                      [B, T] int32  first response position of a turn
     response_mask, sampler_logp                 [B, T, R]
     advantages [B, T] float32; sample_index [B, T] int32 (-1: no turn)
+    token_temperature [B, T, R], he_mask [B, T]  only when some turn needs them (see above)
   A batch of build_batch is the special case T = 1, starts = L - R (rl/update.as_packed).
   """
   advantages, plan, ids, keep, stats = _select(turns, advantages, tokenizer, cfg)
@@ -309,6 +344,7 @@ def build_packed_batch(
       out["sampler_logp"][b, k, :n] = turns[i].sampler_logprobs
       out["advantages"][b, k] = advantages[i]
       out["sample_index"][b, k] = i
+  _method_arrays(out, [m for m, _, _ in packed], turns, (rows, T), R)
   stats.update(
     rows=rows,
     prompt_len=L,

@@ -8,6 +8,9 @@ keeps nothing per chunk either. A vocabulary that the chunk size does not divide
 smaller tail chunk (no padding copy of `w`).
 
 With temperature tau the distribution is softmax(h @ w / tau), as the sampler draws it.
+Per-token temperatures (SGE's strategy spans, explore/sge.py): `inv_temperature` [...] gives each
+position its own 1/tau; the distribution at a position is then softmax(h @ w * inv_temperature),
+the one that position was sampled from, so the PPO ratio compares like with like.
 Entropy H = logZ - E_p[z]; dlogp/dz = onehot - p; dH/dz = -p (z - E_p[z]).
 """
 
@@ -47,6 +50,9 @@ def _scan_chunks(body, carry, w, chunk_size):
 
 
 def _logits(h, w_c, inv_temp):
+  """[N, C] logits of one chunk; inv_temp a Python float or an [N] array (per token)."""
+  if not isinstance(inv_temp, float):
+    inv_temp = inv_temp[:, None]
   return jnp.dot(h, w_c.astype(h.dtype), preferred_element_type=F32) * inv_temp  # [N, C]
 
 
@@ -98,7 +104,8 @@ def _bwd(inv_temp, chunk_size, res, cotangents):
     p = jnp.exp(z - logz[:, None])
     hit = (targets - start)[:, None] == jnp.arange(z.shape[1])[None, :]
     g_z = g_lp[:, None] * (hit.astype(F32) - p) - g_ent[:, None] * p * (z - ez[:, None])
-    g_z = (g_z * inv_temp).astype(h.dtype)  # [N, C], through z = h @ w / tau
+    it = inv_temp if isinstance(inv_temp, float) else inv_temp[:, None]
+    g_z = (g_z * it).astype(h.dtype)  # [N, C], through z = h @ w / tau
     dh = dh + jnp.dot(g_z, w_c.astype(h.dtype).T, preferred_element_type=F32)
     dw_c = jnp.dot(h.T, g_z, preferred_element_type=F32).astype(dw.dtype)  # [D, C]
     dw = jax.lax.dynamic_update_slice_in_dim(dw, dw_c, start, axis=1)
@@ -112,25 +119,57 @@ def _bwd(inv_temp, chunk_size, res, cotangents):
 _logp_entropy.defvjp(_fwd, _bwd)
 
 
-def token_logprobs(h, w, targets, *, temperature=1.0, chunk_size=8192, with_entropy=False):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _logp_entropy_tok(h, w, targets, inv_temp_n, chunk_size):
+  """_logp_entropy with a per-token inverse temperature [N] (no gradient flows into it)."""
+  logz, tgt, ez = _stats(h, w, targets, inv_temp_n, chunk_size)
+  return tgt - logz, logz - ez
+
+
+def _fwd_tok(h, w, targets, inv_temp_n, chunk_size):
+  logz, tgt, ez = _stats(h, w, targets, inv_temp_n, chunk_size)
+  return (tgt - logz, logz - ez), (h, w, targets, inv_temp_n, logz, ez)
+
+
+def _bwd_tok(chunk_size, res, cotangents):
+  h, w, targets, inv_temp_n, logz, ez = res
+  dh, dw, _ = _bwd(inv_temp_n, chunk_size, (h, w, targets, logz, ez), cotangents)
+  return dh, dw, None, jnp.zeros_like(inv_temp_n)
+
+
+_logp_entropy_tok.defvjp(_fwd_tok, _bwd_tok)
+
+
+def token_logprobs(
+  h, w, targets, *, temperature=1.0, chunk_size=8192, with_entropy=False, inv_temperature=None
+):
   """log softmax(h @ w / temperature)[target] for every position.
 
   h [..., D] hidden states, w [D, V] output embedding, targets [...] int token ids.
+  inv_temperature: None, or [...] (targets' shape) per-position 1/tau replacing `temperature`.
   Returns logp [...] float32, or (logp, entropy) with with_entropy=True. Differentiable in h and w.
   """
-  if temperature <= 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}")
   lead = targets.shape
   h2 = h.reshape(-1, h.shape[-1])
   t2 = targets.reshape(-1).astype(jnp.int32)
+  if inv_temperature is not None:
+    it = jnp.broadcast_to(jnp.asarray(inv_temperature, F32), lead).reshape(-1)
+    logp, ent = _logp_entropy_tok(h2, w, t2, it, int(chunk_size))
+    logp = logp.reshape(lead)
+    return (logp, ent.reshape(lead)) if with_entropy else logp
+  if temperature <= 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}")
   logp, ent = _logp_entropy(h2, w, t2, 1.0 / float(temperature), int(chunk_size))
   logp = logp.reshape(lead)
   return (logp, ent.reshape(lead)) if with_entropy else logp
 
 
-def naive_token_logprobs(h, w, targets, *, temperature=1.0, with_entropy=False):
+def naive_token_logprobs(
+  h, w, targets, *, temperature=1.0, with_entropy=False, inv_temperature=None
+):
   """Reference: the full [..., V] logits, float32. For tests and benchmarks."""
-  z = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=F32) / temperature
+  z = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=F32)
+  z = z / temperature if inv_temperature is None else z * jnp.asarray(inv_temperature)[..., None]
   logp_all = jax.nn.log_softmax(z, axis=-1)
   logp = jnp.take_along_axis(logp_all, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
   if not with_entropy:

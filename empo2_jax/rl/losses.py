@@ -35,6 +35,7 @@ class LossConfig:
   entropy_coef: float = 0.0
   low_prob_mask: bool = True
   low_prob_delta: float = -5.0
+  he_gamma: float = 1.0  # HeRL's gamma_s: HE tokens weigh rho / (rho + he_gamma) (explore/herl.py)
 
   def __post_init__(self):
     if self.agg not in ("token_mean", "seq_mean"):
@@ -97,8 +98,12 @@ def policy_loss(
   sampler_logp_br=None,
   token_denom=None,
   seq_denom=None,
+  he_mask_br=None,
 ):
   """PPO-clip loss. `mask_br` is the final response mask (low-prob mask already applied).
+
+  he_mask_br (HeRL, explore/herl.py): 1 on tokens of injected hindsight samples, whose term is
+  -A * rho / (rho + he_gamma) instead of the clipped surrogate (no clipping).
 
   Returns (loss scalar, metrics dict of scalars). Mean metrics use the same token denominator as
   the loss (so they add up across micro-batches); `ratio_max` is a max.
@@ -119,6 +124,13 @@ def policy_loss(
     dual = m & negative & (ratio > cfg.dual_clip_c)
   else:
     dual = jnp.zeros_like(m)
+  he = None
+  if he_mask_br is not None:
+    from empo2_jax.explore.herl import he_token_weight
+
+    he = m & (he_mask_br > 0)
+    he_w = he_token_weight(log_ratio, cfg.he_gamma)
+    pg = jnp.where(he, -adv_br * he_w, pg)
   pg = jnp.where(m, pg, 0.0)
 
   loss = aggregate(pg, mask_br, cfg.agg, token_denom, seq_denom)
@@ -133,6 +145,9 @@ def policy_loss(
     # k3 estimate of KL(old || current): nonnegative, low variance.
     "approx_kl": tok_mean(ratio - 1.0 - log_ratio),
   }
+  if he is not None:
+    metrics["he_token_frac"] = tok_mean(he.astype(jnp.float32))
+    metrics["he_weight_sum"] = tok_mean(jnp.where(he, he_w, 0.0))  # / he_token_frac: the mean
   if ref_logp_br is not None:
     kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_type)
     kl_loss = aggregate(kl, mask_br, cfg.agg, token_denom, seq_denom)

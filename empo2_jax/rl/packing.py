@@ -90,6 +90,7 @@ def packed_response_logprobs(
   temperature: float = 1.0,
   chunk_size: int = 8192,
   with_entropy: bool = False,
+  inv_temperature=None,
 ):
   """Log-probs [B, T, R] of the R tokens from each span start (one forward per packed row).
 
@@ -97,7 +98,8 @@ def packed_response_logprobs(
   response position of each packed turn (>= 1). Entry [b, t, j] is log p(tokens[b, s + j] |
   tokens[b, :s + j]) with s = starts[b, t]; positions past the row end are clamped and must be
   masked by the caller (the response mask), as must padding turns. Only the B*T*R hidden states
-  that predict response tokens go through the vocabulary projection.
+  that predict response tokens go through the vocabulary projection. inv_temperature [B, T, R]
+  (optional): each token's 1/tau, replacing `temperature` (rl/logprobs.token_logprobs).
   """
   length = tokens_bl.shape[1]
   hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
@@ -114,6 +116,7 @@ def packed_response_logprobs(
     temperature=temperature,
     chunk_size=chunk_size,
     with_entropy=with_entropy,
+    inv_temperature=inv_temperature,
   )
 
 

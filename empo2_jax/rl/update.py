@@ -45,6 +45,9 @@ from empo2_jax.rl.losses import LossConfig, apply_low_prob_mask, policy_loss
 from empo2_jax.rl.packing import packed_response_logprobs
 
 MASTER_DTYPE = "float32"
+# Batch keys of some methods (rl/batch.py): per-token sampling temperatures [B, T, R] (SGE; 0 =
+# the training temperature) and the HeRL hindsight-sample flag [B, T].
+OPTIONAL_KEYS = ("token_temperature", "he_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +133,9 @@ def as_packed(batch):
   length, resp_len = batch["cur_tokens"].shape[1], batch["response_mask"].shape[1]
   starts = jnp.full((batch["cur_tokens"].shape[0], 1), length - resp_len, jnp.int32)
   out["cur_starts"] = out["old_starts"] = starts
-  for k in ("response_mask", "sampler_logp", "advantages", "sample_index"):
-    out[k] = jnp.asarray(batch[k])[:, None]
+  for k in ("response_mask", "sampler_logp", "advantages", "sample_index") + OPTIONAL_KEYS:
+    if k in batch:
+      out[k] = jnp.asarray(batch[k])[:, None]
   return out
 
 
@@ -198,7 +202,13 @@ def make_update_fn(
       return tree
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding), tree)
 
-  def logp_fn(params, tokens, attn, starts, resp_len, with_entropy=False):
+  def inv_temperature(token_temp):
+    """[.., R] per-token temperatures (0: the training temperature) -> 1/tau, or None."""
+    if token_temp is None:
+      return None
+    return jnp.where(token_temp > 0, 1.0 / jnp.maximum(token_temp, 1e-6), 1.0 / cfg.temperature)
+
+  def logp_fn(params, tokens, attn, starts, resp_len, with_entropy=False, token_temp=None):
     """[mb, L] rows, [mb, T] turn starts -> [mb, T, R] (and entropy)."""
     return packed_response_logprobs(
       params,
@@ -210,18 +220,36 @@ def make_update_fn(
       temperature=cfg.temperature,
       chunk_size=cfg.vocab_chunk,
       with_entropy=with_entropy,
+      inv_temperature=inv_temperature(token_temp),
     )
 
-  def no_grad_logp(params, tokens_c, attn_c, starts_c, resp_len, keep_c):
+  def no_grad_logp(params, tokens_c, attn_c, starts_c, resp_len, keep_c, temp_c=None):
     """[n_chunks, mb, L] -> [n_chunks, mb, T, R] (zeros on chunks without response tokens)."""
     params = jax.lax.stop_gradient(params)
+    if temp_c is None:
+      return _map_nonempty(
+        lambda x: logp_fn(params, *constrain(x), resp_len), (tokens_c, attn_c, starts_c), keep_c
+      )
     return _map_nonempty(
-      lambda x: logp_fn(params, *constrain(x), resp_len), (tokens_c, attn_c, starts_c), keep_c
+      lambda x: logp_fn(params, *constrain(x[:3]), resp_len, token_temp=x[3]),
+      (tokens_c, attn_c, starts_c, temp_c),
+      keep_c,
     )
 
   def loss_fn(params, d, token_denom, seq_denom):
     resp_len = d["mask"].shape[-1]
-    logp, ent = logp_fn(params, d["cur_tokens"], d["cur_attn"], d["cur_starts"], resp_len, True)
+    logp, ent = logp_fn(
+      params,
+      d["cur_tokens"],
+      d["cur_attn"],
+      d["cur_starts"],
+      resp_len,
+      True,
+      token_temp=d.get("token_temperature"),
+    )
+    he = d.get("he_mask")
+    if he is not None:  # [mb, T] -> [mb, T, R]
+      he = jnp.broadcast_to(he[..., None], logp.shape)
     flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])  # noqa: E731  turns
     return policy_loss(
       flat(logp),
@@ -233,6 +261,7 @@ def make_update_fn(
       ref_logp_br=flat(d.get("ref_logp")),
       token_denom=token_denom,
       seq_denom=seq_denom,
+      he_mask_br=flat(he),
     )
 
   def minibatch_step(state: TrainState, d):
@@ -293,10 +322,18 @@ def make_update_fn(
       "response_mask",
       "sample_index",
     )
+    used += tuple(k for k in OPTIONAL_KEYS if k in batch)
     ch = {k: _to_chunks(batch[k], n_chunks) for k in used}
+    temp_c = ch.get("token_temperature")
     has_tokens_c = _any_after_first(ch["response_mask"] > 0)  # [n_chunks]
     old_logp = no_grad_logp(
-      state.params, ch["old_tokens"], ch["old_attn"], ch["old_starts"], resp_len, has_tokens_c
+      state.params,
+      ch["old_tokens"],
+      ch["old_attn"],
+      ch["old_starts"],
+      resp_len,
+      has_tokens_c,
+      temp_c,
     )
 
     full_mask = batch["response_mask"]  # [B, T, R]
@@ -323,11 +360,20 @@ def make_update_fn(
       "advantages": ch["advantages"],
       "mask": _to_chunks(mask, n_chunks),
     }
+    for k in OPTIONAL_KEYS:
+      if k in ch:
+        data[k] = ch[k]
     if lcfg.kl_coef:
       if ref_params is None:
         raise ValueError("LossConfig.kl_coef > 0: pass ref_params to the update")
       data["ref_logp"] = no_grad_logp(
-        ref_params, ch["cur_tokens"], ch["cur_attn"], ch["cur_starts"], resp_len, has_tokens_c
+        ref_params,
+        ch["cur_tokens"],
+        ch["cur_attn"],
+        ch["cur_starts"],
+        resp_len,
+        has_tokens_c,
+        temp_c,
       )
     # [n_chunks, mb, ...] -> [n_slots, n_micro, mb, ...]
     split = lambda x: x.reshape((n_slots, n_chunks // n_slots) + x.shape[1:])  # noqa: E731

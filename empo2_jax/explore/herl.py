@@ -1,0 +1,208 @@
+"""HeRL adapted to agents (METHODS.md §6): hindsight guidance from a group's best failed episode.
+
+HeRL (`sikelifei/HeRL@c527572`) trains on rubric-graded answers: when no answer of a prompt's
+group is perfect, the policy is shown its best failed answer with the satisfied and unmet
+constraints and asked to revise it; the revision joins the group with an off-policy token weight,
+and the original gets a bonus for how much the revision improved on it. Here (the adaptation is a
+proposal, METHODS.md §6.3's note):
+
+  candidate   per group with no successful episode, the best failed episode: the highest score,
+              ties to the lowest rollout index. [proposed: HeRL rewrites every candidate tied for
+              the best score, up to candidate_limit = 16; one per group keeps the cost at one
+              extra episode per failing group]
+  hindsight   the unmet goal items of that episode, the ones it reached, and its actions, in a
+              <hindsight> block of the first user message of a new episode on the same task row
+              (HeRL's `train_use_rewrite_prompt=True`: the guided sample is trained under the
+              prompt it was sampled with). ScienceWorld: the simulator's subgoals
+              (`getGoalProgressStr`, parsed by `parse_goal_progress`) not completed; the puzzles:
+              "reach the goal" plus how the attempt ended.
+  re-rollout  one guided episode per failing group with the current policy at temperature 0.3
+              (HeRL's rewrite temperature)
+  bonus       the candidate's score += alpha * (guided score - candidate score), alpha = 0.05
+              (may be negative)
+  injection   a uniformly random slot of the group is overwritten: by the guided episode if its
+              score >= the group's best original score (HeRL: > first, then >=), marked as HE;
+              otherwise by a copy of the best original episode (HeRL's fallback, not HE)
+  HE weight   on HE tokens the PPO-clip term is replaced by -A * w, w = rho / (rho + gamma_s),
+              rho = exp(clamp(log pi_theta - log pi_old, -20, 20)) with pi_old recomputed on the
+              injected sample before the update, gamma_s = 1 (HeRL's IF setting); no clipping.
+              (rl/losses.policy_loss, `he_mask_br`)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+import jax.numpy as jnp
+
+_MAX_LOG_RATIO = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HeRLConfig:
+  alpha: float = 0.05  # reward_shaping_alpha
+  gamma_s: float = 1.0  # he_shaping_gamma (IF: 1, medical: 0.1)
+  temperature: float = 0.3  # the guided re-rollout's sampling temperature
+  max_actions_shown: int = 12  # the failed attempt's last actions shown in the hindsight block
+
+  def __post_init__(self):
+    if self.gamma_s <= 0 or self.temperature < 0 or self.max_actions_shown < 0:
+      raise ValueError(
+        f"herl: need gamma_s > 0, temperature >= 0, max_actions_shown >= 0; got "
+        f"gamma_s={self.gamma_s}, temperature={self.temperature}, "
+        f"max_actions_shown={self.max_actions_shown}"
+      )
+
+
+# ---------------------------------------------------------------------------------------------
+# Math
+# ---------------------------------------------------------------------------------------------
+
+
+def he_token_weight(log_ratio, gamma_s: float):
+  """w = rho / (rho + gamma_s), rho = exp(clip(log_ratio, -20, 20)) (jnp, any shape)."""
+  rho = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+  return rho / (rho + gamma_s)
+
+
+def bonus(candidate_score: float, guided_score: float, alpha: float) -> float:
+  """alpha * (guided - candidate): the candidate's improvement potential (may be negative)."""
+  return float(alpha) * (float(guided_score) - float(candidate_score))
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """One episode of a group as HeRL sees it."""
+
+  index: int  # position in the rollout's episode list
+  score: float
+  success: bool
+
+
+def candidates(groups: dict) -> dict:
+  """{group_id: index of the best failed episode} for every group without a successful episode.
+
+  groups: {group_id: [Member, ...]} (members in rollout order). Ties go to the lowest index."""
+  out = {}
+  for gid, members in groups.items():
+    if not members or any(m.success for m in members):
+      continue
+    best = max(members, key=lambda m: (m.score, -m.index))
+    out[gid] = best.index
+  return out
+
+
+def injection(
+  members: Sequence[Member], guided_score: float, rng: np.random.Generator
+) -> tuple[int, bool, int]:
+  """(slot, use_guided, source): the group member to overwrite (uniform), whether the guided
+  episode goes there (its score >= the best original score) and, if not, the index of the best
+  original episode copied there instead."""
+  slot = members[int(rng.integers(len(members)))].index
+  best = max(members, key=lambda m: (m.score, -m.index))
+  use = float(guided_score) >= best.score
+  return slot, use, best.index
+
+
+# ---------------------------------------------------------------------------------------------
+# Goal items and the hindsight text
+# ---------------------------------------------------------------------------------------------
+
+_GOAL_LINE = re.compile(r"^\s*\d+\s+(true|false)\s+\S+\s+(.*\S)\s*$")
+
+
+def parse_goal_progress(text: str) -> list[tuple[str, bool]]:
+  """ScienceWorld's `getGoalProgressStr()` -> [(description, completed)], sequential subgoals
+  first, then the unordered/optional ones, in the simulator's order."""
+  out = []
+  for line in text.splitlines():
+    m = _GOAL_LINE.match(line)
+    if m:
+      out.append((m.group(2), m.group(1) == "true"))
+  return out
+
+
+def hindsight_block(
+  score_text: str,
+  unmet: Sequence[str],
+  met: Sequence[str] = (),
+  actions: Sequence[str] = (),
+  max_actions: int = 12,
+) -> str:
+  """The guidance shown to the re-rollout: the failed attempt, its reached and unmet goals."""
+  lines = ["<hindsight>", f"An earlier attempt at this task failed (score {score_text})."]
+  if actions:
+    shown = list(actions)[-max_actions:] if max_actions else []
+    cut = len(actions) - len(shown)
+    head = f"Its last {len(shown)} of {len(actions)} actions" if cut else "Its actions"
+    if shown:
+      lines.append(f"{head}: " + "; ".join(a.strip() for a in shown) + ".")
+  if met:
+    lines.append("Goals it reached: " + "; ".join(met) + ".")
+  lines.append("Goals it did not reach: " + ("; ".join(unmet) if unmet else "unknown") + ".")
+  lines.append("Keep what worked and reach the goals it did not reach.")
+  lines.append("</hindsight>")
+  return "\n".join(lines) + "\n"
+
+
+def goal_items(goal_progress: str, success: bool, outcome: str = "") -> tuple[list, list]:
+  """(unmet, met) goal descriptions of a finished episode.
+
+  goal_progress: ScienceWorld's goal progress text (parsed), or "" for an environment without
+  subgoals (the puzzles), where the one goal is reaching the goal state; `outcome` (e.g. "fell
+  into a hole") is added to the unmet item."""
+  items = parse_goal_progress(goal_progress) if goal_progress else []
+  if items:
+    return [d for d, done in items if not done], [d for d, done in items if done]
+  if success:
+    return [], ["reach the goal"]
+  return ["reach the goal" + (f" (the attempt {outcome})" if outcome else "")], []
+
+
+def add_hindsight(first_user_message: str, block: str) -> str:
+  """The first user message with the hindsight block in front (the rest unchanged)."""
+  return block + "\n" + first_user_message
+
+
+def shift_scores(
+  returns: Sequence[float], rewards: Sequence[float], delta: float
+) -> tuple[list, list]:
+  """An episode's per-turn (episode_return, reward) with a score change `delta`: every turn's
+  episode return moves by delta (grpo_step / gigpo scores) and the last turn's reward by delta
+  (grpo_rollout sums rewards), so the episode's score changes by exactly delta in every
+  estimator."""
+  new_returns = [float(r) + delta for r in returns]
+  new_rewards = [float(r) for r in rewards]
+  if new_rewards:
+    new_rewards[-1] += delta
+  return new_returns, new_rewards
+
+
+def summary(groups_failed: int, injected: int, fallback: int, bonuses: Optional[list]) -> dict:
+  """Metrics of one iteration's HeRL step."""
+  return {
+    "herl/groups_failed": int(groups_failed),
+    "herl/injected": int(injected),
+    "herl/fallback_copies": int(fallback),
+    "herl/bonus_mean": float(np.mean(bonuses)) if bonuses else 0.0,
+  }
+
+
+__all__ = [
+  "HeRLConfig",
+  "Member",
+  "he_token_weight",
+  "bonus",
+  "candidates",
+  "injection",
+  "parse_goal_progress",
+  "goal_items",
+  "hindsight_block",
+  "add_hindsight",
+  "shift_scores",
+  "summary",
+]

@@ -1,0 +1,142 @@
+"""SPA (Chen et al. 2025, `shiqichen17/SPA@3848e68`; METHODS.md §7): self-play world-model SFT,
+then RL from that checkpoint, with Pass@1 and Pass@k reported during RL.
+
+Stage A (launch/spa.py) rolls out the CURRENT policy with the world-model answer format requested
+(`WM_INSTRUCTION`, SPA's `add_worldmodel` mode), sampling at temperature 1. Stage B converts every
+episode into an SFT chat (`episode_chat`): each assistant turn becomes
+
+    <think><observation>
+    {the true state before the turn}
+    </observation>{the model's own thoughts, when its answer parsed}<prediction>
+    {the true state after the turn}
+    </prediction></think><answer>{the action the environment executed}</answer>
+
+as SPA's `convert_to_sft_format_add_worldmodel` replaces the <observation> / <prediction> contents
+with the environment's states (`all_states[i]`, `all_states[i + 1]`). The states are the env's bare
+state renderings (`ResetInfo.state` / `StepInfo.state`: the puzzle grids) or, for environments
+without one (ScienceWorld), the observation text. Choices that are proposals (METHODS.md §7.3):
+
+  * the ground-truth state text is KEPT in the targets and trained on (the released
+    SFTDataset masks it to <obs_content>/<pred_content>, which matches the paper's "mask the
+    state" ablation, not the main method);
+  * every trajectory is kept, whether it succeeded or not (SPA's success filter is commented out);
+    a turn whose answer did not parse keeps no thoughts (the published data drops such
+    trajectories; with a 135M model that would drop nearly all of them), and its answer is the
+    executed action;
+  * a whole episode is one packed SFT row (train/sft.py): each turn is scored under the same
+    history SPA's per-turn examples (prompt = messages[:i]) give it;
+  * a seeded 80/20 train/validation split by episode (SPA: a random 80/20 split).
+
+Stage C is the method's RL (GRPO here; SPA's PPO with a critic is not part of this trainer), from
+the SFT checkpoint, with the base prompt (the world-model format is not requested) and the action
+taken from the <answer> span (`action_text`). `pass_at_k` is SPA's es_manager metric: within each
+group of same-task rollouts, pass@k = any success; the reported value is the mean over groups.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+WM_INSTRUCTION = (
+  "Always answer in this format: <think><observation> the current state </observation> your "
+  "thoughts <prediction> the state after your action </prediction></think><answer> your action "
+  "</answer>, with no extra text."
+)
+_WM = re.compile(
+  r"<think>\s*<observation>(.*?)</observation>(.*?)<prediction>(.*?)</prediction>\s*</think>"
+  r"\s*<answer>(.*?)</answer>",
+  re.DOTALL,
+)
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+
+
+def parse_wm(text: str) -> Optional[dict]:
+  """SPA's regex: {observation, thoughts, prediction, answer} of a well-formed answer, else None."""
+  m = _WM.search(text)
+  if not m:
+    return None
+  obs, thoughts, pred, answer = (g.strip() for g in m.groups())
+  return {"observation": obs, "thoughts": thoughts, "prediction": pred, "answer": answer}
+
+
+def action_text(text: str) -> str:
+  """The action part of an answer: the <answer> span's text when there is one (also unclosed),
+  else the text without world-model spans."""
+  m = _ANSWER.search(text)
+  if m:
+    return m.group(1).strip()
+  text = re.sub(
+    r"<observation>.*?</observation>|<prediction>.*?</prediction>", "", text, flags=re.DOTALL
+  )
+  return re.sub(r"</?think>", "", text).strip()
+
+
+def target(state: str, next_state: str, action: str, thoughts: str = "") -> str:
+  """One assistant turn of the SFT data, with the TRUE current and next states."""
+  thoughts = f" {thoughts.strip()} " if thoughts.strip() else ""
+  return (
+    f"<think><observation>\n{state.strip()}\n</observation>{thoughts}<prediction>\n"
+    f"{next_state.strip()}\n</prediction></think><answer>{action.strip()}</answer>"
+  )
+
+
+def episode_chat(
+  messages: Sequence[dict], states: Sequence[str], actions: Sequence[str]
+) -> list[dict]:
+  """An episode's chat with every assistant turn replaced by its SFT target.
+
+  messages: the chat as sampled (user, assistant, user, assistant, ...); states: the true state
+  before each turn and after the last one (len = turns + 1); actions: what the env executed per
+  turn. Raises ValueError when the counts do not match."""
+  turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+  if len(states) != len(turns) + 1 or len(actions) != len(turns):
+    raise ValueError(
+      f"{len(turns)} assistant turns need {len(turns) + 1} states and {len(turns)} actions; "
+      f"got {len(states)} and {len(actions)}"
+    )
+  out = [dict(m) for m in messages]
+  for t, i in enumerate(turns):
+    parsed = parse_wm(messages[i]["content"])
+    thoughts = parsed["thoughts"] if parsed else ""
+    out[i] = {
+      "role": "assistant",
+      "content": target(states[t], states[t + 1], actions[t], thoughts),
+    }
+  return out
+
+
+def split(n: int, val_share: float, seed: int) -> tuple[list[int], list[int]]:
+  """(train indices, validation indices): a seeded permutation cut at round(n * (1 - share));
+  with n >= 2 and share > 0 both parts are non-empty."""
+  perm = np.random.default_rng(seed).permutation(n).tolist()
+  n_val = int(round(n * val_share))
+  if n >= 2 and val_share > 0:
+    n_val = min(max(n_val, 1), n - 1)
+  return sorted(perm[n_val:]), sorted(perm[:n_val])
+
+
+def pass_at_k(group_ids: Sequence, successes: Sequence[bool]) -> tuple[float, float, int]:
+  """(pass@1, pass@k, k): pass@1 = mean success; pass@k = mean over groups of any success in
+  the group; k = the smallest group size (the reported k)."""
+  groups: dict = {}
+  for g, s in zip(group_ids, successes):
+    groups.setdefault(g, []).append(bool(s))
+  if not groups:
+    return float("nan"), float("nan"), 0
+  p1 = float(np.mean([s for v in groups.values() for s in v]))
+  pk = float(np.mean([any(v) for v in groups.values()]))
+  return p1, pk, min(len(v) for v in groups.values())
+
+
+__all__ = [
+  "WM_INSTRUCTION",
+  "parse_wm",
+  "action_text",
+  "target",
+  "episode_chat",
+  "split",
+  "pass_at_k",
+]
