@@ -1,6 +1,7 @@
-"""empo2_jax.envs: ScienceWorld episodes for the agent (SPEC §7).
+"""empo2_jax.envs: the agent's environments behind one registry (`registry.get_suite(name)`):
+ScienceWorld (SPEC §7), FrozenLake and Sokoban (METHODS.md 7.5), and those registered later.
 
-Import the submodules directly (`empo2_jax.envs.scienceworld`, `.pool`, `.fewshot`, `.actions`,
-`.base`); this package does not import them eagerly, so nothing starts a JVM or loads py4j on
-`import empo2_jax.envs`.
+Import the submodules directly (`empo2_jax.envs.registry`, `.scienceworld`, `.pool`, `.fewshot`,
+`.actions`, `.base`, `.puzzles`, `.frozenlake`, `.sokoban`); this package does not import them
+eagerly, so nothing starts a JVM or loads py4j on `import empo2_jax.envs`.
 """

@@ -9,8 +9,10 @@ wrapper, so the observations are exactly what an agent would see. Test variation
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from empo2_jax.envs.scienceworld import SciWorldEnv
+if TYPE_CHECKING:  # the records below serve every env; only the functions need ScienceWorld
+  from empo2_jax.envs.scienceworld import SciWorldEnv
 
 
 @dataclasses.dataclass(frozen=True)
