@@ -1,15 +1,27 @@
-"""Evaluate a run's latest checkpoint on its task's test variations: the paper's Table 1 shape.
+"""Evaluate a method on its task's test variations: the paper's Table 1 shape.
 
   python launch/eval.py --config=configs/sciworld.py:cpu --workdir=runs/cpu [--memory=both]
+  python launch/eval.py --config=configs/sciworld.py:cpu --method=grpo --workdir=runs/grpo
+  python launch/eval.py --config=configs/sciworld.py:cpu --method=naive --workdir=runs/naive
+  python launch/eval.py --config=configs/sciworld.py:cpu --method=reflexion --workdir=runs/rx \
+      --trials=10 --reflections=3
 
-Uses the same --config (and overrides) as training. Loads the newest restorable checkpoint of
---workdir (or the config's initial policy if there is none, with a warning), runs
-test variations x train.eval_repeats episodes at train.eval_temperature, without memory, with the
-run's memory, or both, and prints a markdown table (per task: return mean ± std, success rate).
-The table is also written to <workdir>/eval/table.md and table.csv (through etils.epath: the
-workdir may be gs://).
+--method (default: the config's method, empo2_jax/train/methods.py):
+  a training method (empo2, grpo, gigpo, ...): loads the newest restorable checkpoint of --workdir
+      (or the config's initial policy if there is none, with a warning) and runs test variations x
+      train.eval_repeats episodes at train.eval_temperature, without memory (the paper's number),
+      with the run's memory, or both (--memory).
+  naive: the config's initial policy (the base model), no memory, nothing updated.
+  reflexion: the initial policy, --trials trials per test variation with the last --reflections
+      reflections in context (empo2_jax/baselines/reflexion.py); reports the last trial and the
+      per-trial curve.
+  retrospex: has its own script, launch/retrospex.py eval.
+Uses the same --config (and overrides) as training; the method's config defaults are applied
+(command-line keys win). Prints a markdown table and writes <workdir>/eval/table.md, table.csv and
+result.json (what launch/table.py reads), through etils.epath (the workdir may be gs://).
 """
 
+import json
 import sys
 import warnings
 
@@ -24,12 +36,20 @@ from ml_collections import config_flags  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "the training run's workdir", required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "the run's workdir", required=True)
+_METHOD = flags.DEFINE_string(
+  "method", "", "the method to evaluate (default: config.method); empo2_jax/train/methods.py"
+)
 _MEMORY = flags.DEFINE_enum(
   "memory",
   "without",
   ["without", "with", "both"],
-  "evaluate without the run's memory (the paper's number), with it, or both",
+  "training methods: evaluate without the run's memory (the paper's number), with it, or both",
+)
+_TRIALS = flags.DEFINE_integer("trials", 10, "reflexion: trials per test variation")
+_REFLECTIONS = flags.DEFINE_integer("reflections", 3, "reflexion: reflections kept in context")
+_REFLECTION_TOKENS = flags.DEFINE_integer(
+  "reflection_tokens", 128, "reflexion: max new tokens of a reflection"
 )
 
 
@@ -45,46 +65,138 @@ def write_tables(workdir, rows: list[dict]) -> str:
   return md
 
 
+def _evaluate_policy(trainer, config, method, with_memory_settings):
+  """(table rows, result kwargs) of plain evaluation episodes."""
+  from empo2_jax.train import evaluate
+
+  rows, result = [], None
+  for with_memory in with_memory_settings:
+    episodes = [e for e in trainer.eval_episodes(with_memory) if not e.env_failed]
+    setting = "with memory" if with_memory else "no memory"
+    returns = [e.episode_return for e in episodes]
+    successes = [e.success for e in episodes]
+    rows.append(evaluate.summarize(config.env.task, f"{method}, {setting}", returns, successes))
+    if result is None:  # the first setting asked for: without memory unless only 'with'
+      extra = {"setting": setting, "iteration": trainer.iteration}
+      result = dict(returns=returns, successes=successes, extra=extra)
+  return rows, result
+
+
+def _reflexion(trainer, config):
+  from empo2_jax.baselines import reflexion as rx
+  from empo2_jax.train import evaluate
+
+  import jax
+
+  cfg = rx.ReflexionConfig(
+    trials=_TRIALS.value,
+    memory_size=_REFLECTIONS.value,
+    max_new_tokens=_REFLECTION_TOKENS.value,
+  )
+  params = trainer._sampling_params()
+  writer = rx.policy_writer(
+    params,
+    trainer.model_config,
+    trainer.tokenizer,
+    cfg,
+    config.rollout.max_context,
+    trainer.actor.sampler_settings,
+  )
+  res = rx.run(
+    trainer.actor,
+    params,
+    trainer.model_config,
+    config.env.task,
+    trainer.test_rows,
+    cfg,
+    temperature=config.train.eval_temperature,
+    rng=jax.random.fold_in(trainer.rng, 20_000_000),
+    writer=writer,
+    out_of=trainer.actor.prompts.score_out_of,
+  )
+  rows = [
+    evaluate.summarize(
+      config.env.task, f"reflexion, trial {c['trial']}", res.returns[k], res.successes[k]
+    )
+    for k, c in enumerate(res.curve())
+  ]
+  extra = {
+    "setting": f"last of {cfg.trials} trials",
+    "trials": res.curve(),
+    "reflexion": {"trials": cfg.trials, "memory_size": cfg.memory_size},
+    "reflections": {str(v): [t for _, t in r] for v, r in res.reflections.items()},
+  }
+  result = dict(
+    returns=[float(x) for x in res.final_returns],
+    successes=[bool(x) for x in res.final_successes],
+    extra=extra,
+  )
+  return rows, result
+
+
 def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:  # keep orbax's INFO lines out of the way
     logging.set_verbosity(logging.WARNING)
-  from empo2_jax.train import evaluate
+  from empo2_jax.baselines.results import write_result
+  from empo2_jax.train import evaluate, methods
   from empo2_jax.train.build import ConfigError
   from empo2_jax.train.trainer import Trainer
 
   config = _CONFIG.value
+  name = _METHOD.value or config.method
+  try:
+    method = methods.get(name)
+  except methods.UnknownMethod as e:
+    sys.exit(f"error: {e}")
+  if name == "retrospex":
+    sys.exit(
+      "error: retrospex has its own entry point:\n  "
+      + "\n  ".join(method.command_lines(_config_spec(), _WORKDIR.value))
+    )
+  methods.apply(config, name, keep=methods.explicit_keys(sys.argv[1:]))
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=False)
   except ConfigError as e:
     sys.exit(f"error: {e}")
   try:
-    try:
-      step = trainer.resume(read_only=True)
-    except RuntimeError as e:  # checkpoints there, none restorable
-      sys.exit(f"error: {e}")
-    if step is None:
-      print(
-        f"warning: no checkpoint in {_WORKDIR.value}; evaluating the initial policy",
-        file=sys.stderr,
-      )
-    settings = {"without": [False], "with": [True], "both": [False, True]}[_MEMORY.value]
-    rows = []
-    for with_memory in settings:
-      episodes = trainer.eval_episodes(with_memory)
-      rows.append(
-        evaluate.summarize(
-          config.env.task,
-          "with memory" if with_memory else "no memory",
-          [e.episode_return for e in episodes],
-          [e.success for e in episodes],
+    if method.trains:
+      try:
+        step = trainer.resume(read_only=True)
+      except RuntimeError as e:  # checkpoints there, none restorable
+        sys.exit(f"error: {e}")
+      if step is None:
+        print(
+          f"warning: no checkpoint in {_WORKDIR.value}; evaluating the initial policy",
+          file=sys.stderr,
         )
-      )
+      settings = {"without": [False], "with": [True], "both": [False, True]}[_MEMORY.value]
+      rows, result = _evaluate_policy(trainer, config, name, settings)
+    elif name == "reflexion":
+      rows, result = _reflexion(trainer, config)
+    else:  # naive and any other non-training method run plainly: the base model, no memory
+      rows, result = _evaluate_policy(trainer, config, name, [False])
   finally:
     trainer.close()
   md = write_tables(_WORKDIR.value, evaluate.with_average(rows))
-  print(f"iteration {trainer.iteration} of {_WORKDIR.value}")
+  path = write_result(
+    _WORKDIR.value,
+    method=name,
+    task=config.env.task,
+    env=config.env.name,
+    returns=result["returns"],
+    successes=result["successes"],
+    extra=result["extra"],
+  )
+  print(f"{name} on {config.env.task} ({_WORKDIR.value}, iteration {trainer.iteration})")
   print(md, end="")
+  print(f"result: {path}")
+  if name == "reflexion":
+    print("per trial: " + json.dumps(result["extra"]["trials"]))
+
+
+def _config_spec() -> str:
+  return next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "CONFIG")
 
 
 if __name__ == "__main__":

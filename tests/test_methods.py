@@ -64,7 +64,10 @@ def test_register_once_and_command_lines():
     )
   finally:
     del methods.REGISTRY["_tmp_test"]
-  (line,) = methods.get("reflexion").command_lines("c.py", "w")
+  train, ev = methods.get("grpo").command_lines("c.py", "w", evaluate=True)
+  assert train.startswith("python launch/train.py") and "--config.method=grpo" in train
+  assert ev == "python launch/eval.py --config=c.py --method=grpo --workdir=w"
+  (line,) = methods.get("reflexion").command_lines("c.py", "w", evaluate=True)
   assert line == "python launch/eval.py --config=c.py --method=reflexion --workdir=w"
 
 

@@ -46,12 +46,17 @@ class Method:
   commands: tuple[str, ...]  # command templates, run in order ({python} {config} {workdir} {name})
   label: str  # column header in tables
 
-  def command_lines(self, config: str, workdir: str, python: str = "python") -> list[str]:
-    """The shell commands that run this method with config spec `config` into `workdir`."""
+  def command_lines(
+    self, config: str, workdir: str, python: str = "python", evaluate: bool = False
+  ) -> list[str]:
+    """The shell commands that run this method with config spec `config` into `workdir`;
+    evaluate=True adds the evaluation of a training method's run (launch/eval.py, which writes
+    the eval/result.json that launch/table.py reads; the other methods write it themselves)."""
     fields = dict(
       python=python, config=shlex.quote(config), workdir=shlex.quote(workdir), name=self.name
     )
-    return [c.format(**fields) for c in self.commands]
+    lines = list(self.commands) + ([EVAL_COMMAND] if evaluate and self.trains else [])
+    return [c.format(**fields) for c in lines]
 
 
 REGISTRY: dict[str, Method] = {}
