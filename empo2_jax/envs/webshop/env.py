@@ -39,7 +39,7 @@ from empo2_jax.envs.webshop import data as data_lib
 from empo2_jax.envs.webshop import pages
 from empo2_jax.envs.webshop import prompts as agent_prompts
 from empo2_jax.envs.webshop.reward import Reward, get_reward
-from empo2_jax.envs.webshop.search import PRODUCT_WINDOW, SEARCH_RETURN_N, SearchEngine
+from empo2_jax.envs.webshop.search import BACKENDS, PRODUCT_WINDOW, SEARCH_RETURN_N, SearchEngine
 
 TASK = "webshop"
 TASKS = (TASK,)
@@ -77,6 +77,8 @@ class WebShopConfig:
       raise ValueError(f"reward_mode={self.reward_mode!r}; valid: {', '.join(REWARD_MODES)}")
     if self.goals not in data_lib.GOAL_MODES:
       raise ValueError(f"goals={self.goals!r}; valid: {', '.join(data_lib.GOAL_MODES)}")
+    if self.search_backend not in BACKENDS:
+      raise ValueError(f"search_backend={self.search_backend!r}; valid: {', '.join(BACKENDS)}")
     if self.observation not in OBSERVATIONS:
       raise ValueError(f"observation={self.observation!r}; valid: {', '.join(OBSERVATIONS)}")
     if self.max_steps < 1:
