@@ -50,6 +50,8 @@ def test_reset_shows_the_search_page(env):
   assert obs == f"WebShop [SEP] Instruction: [SEP] {instr} [SEP] Search"
   assert info.task_description == instr and info.max_steps == 15
   assert env.available_actions() == {"has_search_bar": True, "clickables": ["search"]}
+  with pytest.raises(ValueError, match=r"out of range \(0..1044\)"):
+    env.reset(TASK, 1045)
 
 
 def test_results_item_and_sub_pages(env):

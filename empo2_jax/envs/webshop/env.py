@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import re
 from importlib import resources
 
@@ -179,9 +180,9 @@ class WebShopEnv:
   def reset(self, task: str, variation: int) -> ResetResult:
     self._check_task(task)
     n = len(self.catalog.goals)
-    if not isinstance(variation, int) or not 0 <= variation < n:
+    if not isinstance(variation, numbers.Integral) or not 0 <= variation < n:
       raise ValueError(f"Goal index {variation!r} is out of range (0..{n - 1}).")
-    self._goal_index = variation
+    variation = self._goal_index = int(variation)
     self._done = False
     self._steps = 0
     self._start_page()
