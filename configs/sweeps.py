@@ -36,6 +36,86 @@ def named(name: str, **overrides) -> dict:
   return {"name": name, **{k.replace("__", "."): v for k, v in overrides.items()}}
 
 
+# ---------------------------------------------------------------------------------------------
+# table1: the paper's Table 1 (+ the GiGPO column): every method x task, each run in
+# <root>/<task>/<method>, then launch/table.py over <root>.
+#   python configs/sweeps.py table1 --root=runs/table1            # the 18 tasks (a cluster's list)
+#   python configs/sweeps.py table1_cpu --root=runs/table1_cpu    # 2 tasks, sized for this CPU
+# print the commands, one a line, in an order that runs as a script (Retrospex trains on the
+# episodes its task's GRPO run saved). launch/sweep.py --sweep=configs/sweeps.py:table1 runs only
+# the training methods' runs.
+TABLE1_METHODS = ("naive", "reflexion", "grpo", "gigpo", "empo2", "retrospex")
+TABLE1_CPU_TASKS = ("find-animal", "power-component")
+# The CPU version: the embedded SmolLM2-135M (configs/sciworld.py:cpu: 2 rows x 2 rollouts,
+# 4 steps, 2 test variations x 1), one training iteration, the evaluation by launch/eval.py.
+TABLE1_CPU_TRAIN = (
+  "--config.train.iterations=1 --config.train.eval_every=0 --config.train.eval_at_end=False "
+  "--config.train.checkpoint_every=1"
+)
+TABLE1_CPU_REFLEXION = "--trials=3 --reflections=3 --reflection_tokens=48"
+TABLE1_CPU_RETROSPEX = "--steps=200 --batch=32"
+
+
+def _paper_tasks():
+  from empo2_jax.envs.scienceworld import PAPER_TASKS  # no JVM starts on import
+
+  return PAPER_TASKS
+
+
+def table1_runs(tasks, cpu: bool = False) -> list[dict]:
+  """The training methods' runs of table1 (launch/sweep.py): name <method>_<task>."""
+  from empo2_jax.train import methods
+
+  runs = []
+  for task in tasks:
+    for m in TABLE1_METHODS:
+      if methods.get(m).trains:
+        run = named(f"{m}_{task}", method=m, env__task=task, train__save_episodes=m == "grpo")
+        if cpu:
+          run.update({"train.iterations": 1, "train.eval_every": 0, "train.eval_at_end": False})
+        runs.append(run)
+  return runs
+
+
+def table1_commands(
+  root: str,
+  cpu: bool = False,
+  tasks=None,
+  config: str = "",
+  python: str = "python",
+  extra: str | None = None,
+) -> list[str]:
+  """Every command of table1, in run order (see above), the table last. `extra` is added to every
+  run's command line (default for the full version: the Qwen2.5-7B-Instruct directory as the
+  shell variable $QWEN)."""
+  import os
+
+  from empo2_jax.train import methods
+
+  tasks = tuple(tasks or (TABLE1_CPU_TASKS if cpu else _paper_tasks()))
+  if extra is None:
+    extra = "" if cpu else '--config.model.checkpoint="$QWEN"'
+  lines = []
+  for task in tasks:
+    spec = config or f"configs/sciworld.py:{'cpu,' if cpu else ''}task={task}"
+    for m in TABLE1_METHODS:
+      work = os.path.join(root, task, m)
+      episodes = os.path.join(root, task, "grpo")  # Retrospex's critic learns from these
+      for line in methods.get(m).command_lines(spec, work, python, True, episodes):
+        args = [extra] if extra else []
+        if "launch/train.py" in line:
+          args.append("--no_progress")
+          args += [TABLE1_CPU_TRAIN] if cpu else []
+          args += ["--config.train.save_episodes=True"] if m == "grpo" else []
+        elif "--method=reflexion" in line and cpu:
+          args.append(TABLE1_CPU_REFLEXION)
+        elif "retrospex.py train" in line and cpu:
+          args.append(TABLE1_CPU_RETROSPEX)
+        lines.append(" ".join([line] + args))
+  lines.append(f"{python} launch/table.py --runs={root} --out={os.path.join(root, 'table')}")
+  return lines
+
+
 def get_sweep(arg: str) -> list[dict]:
   sweeps = {
     # memory probability p x off-policy share q (SPEC §1; the paper's ablation grid)
@@ -68,7 +148,25 @@ def get_sweep(arg: str) -> list[dict]:
       product(sweep("empo2.p_memory", [0.0, 0.5]), sweep("empo2.q_offpolicy", [0.0, 1.0])),
       train__iterations=2,
     ),
+    # the training methods of the paper's Table 1 (table1_commands has every method)
+    "table1": lambda: table1_runs(_paper_tasks()),
+    "table1_cpu": lambda: table1_runs(TABLE1_CPU_TASKS, cpu=True),
   }
   if arg not in sweeps:
     raise ValueError(f"unknown sweep {arg!r}; valid: {', '.join(sorted(sweeps))}")
   return sweeps[arg]()
+
+
+if __name__ == "__main__":  # python configs/sweeps.py table1|table1_cpu [--root=DIR] [--python=PY]
+  import argparse
+
+  ap = argparse.ArgumentParser(description="print the commands of a multi-entry-point sweep")
+  ap.add_argument("sweep", choices=["table1", "table1_cpu"])
+  ap.add_argument("--root", default="", help="run root (default: runs/<sweep>)")
+  ap.add_argument("--python", default="python", help="interpreter in the printed commands")
+  ap.add_argument("--config", default="", help="config spec for every run (default: per task)")
+  a = ap.parse_args()
+  cmds = table1_commands(
+    a.root or f"runs/{a.sweep}", cpu=a.sweep == "table1_cpu", config=a.config, python=a.python
+  )
+  print("\n".join(cmds))

@@ -92,3 +92,45 @@ def test_train_refuses_a_method_that_does_not_train(tmp_path):
   assert out.returncode != 0
   assert "launch/eval.py" in out.stderr and "--method=reflexion" in out.stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_table1_sweep_commands_cover_every_method_and_task():
+  from configs import sweeps
+  from empo2_jax.envs.scienceworld import PAPER_TASKS
+
+  lines = sweeps.table1_commands("R")
+  assert len(lines) == 18 * 10 + 1 and lines[-1] == "python launch/table.py --runs=R --out=R/table"
+  for task in PAPER_TASKS:
+    mine = [ln for ln in lines if f"--workdir=R/{task}/" in ln]
+    order = [
+      next(m for m in sweeps.TABLE1_METHODS if f"--workdir=R/{task}/{m} " in ln + " ")
+      for ln in mine
+    ]
+    assert order == [
+      "naive",
+      "reflexion",
+      "grpo",
+      "grpo",
+      "gigpo",
+      "gigpo",
+      "empo2",
+      "empo2",
+      "retrospex",
+      "retrospex",
+    ]
+    assert f"--episodes=R/{task}/grpo" in mine[8] and "save_episodes=True" in mine[2]
+  assert all('--config.model.checkpoint="$QWEN"' in ln for ln in lines[:-1])
+  cpu = sweeps.table1_commands("C", cpu=True)
+  assert len(cpu) == 2 * 10 + 1 and all("sciworld.py:cpu,task=" in ln for ln in cpu[:-1])
+  assert all("--config.train.iterations=1" in ln for ln in cpu if "launch/train.py" in ln)
+  assert "--trials=3" in cpu[1] and "--steps=200" in cpu[8]
+
+
+def test_table1_training_runs_expand_through_launch_sweep(tmp_path):
+  from launch import sweep
+
+  runs = sweep.expand("configs/sciworld.py:cpu", "configs/sweeps.py:table1_cpu", str(tmp_path), [])
+  assert [r["name"] for r in runs] == [
+    f"{m}_{t}" for t in ("find-animal", "power-component") for m in ("grpo", "gigpo", "empo2")
+  ]
+  assert runs[0]["overrides"]["train.save_episodes"] is True

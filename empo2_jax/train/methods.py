@@ -21,7 +21,8 @@ long as this module imports it), e.g.
 `overrides` maps dotted config paths to values (every path must exist in the config:
 `check_overrides` fails naming the valid keys); `trains=True` (the default) runs it with
 launch/train.py; a method with its own entry point passes `commands`, templates with the fields
-{config}, {workdir}, {name} and {python}, e.g. ("{python} launch/spa.py --config={config} ...").
+{config}, {workdir}, {name}, {python} and {episodes}, e.g.
+("{python} launch/spa.py --config={config} --workdir={workdir}",).
 `label` is its column header in launch/table.py (default: the name).
 """
 
@@ -47,13 +48,23 @@ class Method:
   label: str  # column header in tables
 
   def command_lines(
-    self, config: str, workdir: str, python: str = "python", evaluate: bool = False
+    self,
+    config: str,
+    workdir: str,
+    python: str = "python",
+    evaluate: bool = False,
+    episodes: str = "RUN_WITH_SAVED_EPISODES",
   ) -> list[str]:
     """The shell commands that run this method with config spec `config` into `workdir`;
     evaluate=True adds the evaluation of a training method's run (launch/eval.py, which writes
-    the eval/result.json that launch/table.py reads; the other methods write it themselves)."""
+    the eval/result.json that launch/table.py reads; the other methods write it themselves).
+    `episodes` fills {episodes} (Retrospex: runs trained with train.save_episodes=True)."""
     fields = dict(
-      python=python, config=shlex.quote(config), workdir=shlex.quote(workdir), name=self.name
+      python=python,
+      config=shlex.quote(config),
+      workdir=shlex.quote(workdir),
+      name=self.name,
+      episodes=shlex.quote(episodes),
     )
     lines = list(self.commands) + ([EVAL_COMMAND] if evaluate and self.trains else [])
     return [c.format(**fields) for c in lines]
@@ -176,7 +187,7 @@ register(
   trains=False,
   commands=(
     "{python} launch/retrospex.py train --config={config} --workdir={workdir} "
-    "--episodes=EPISODE_DATASETS",
+    "--episodes={episodes}",
     "{python} launch/retrospex.py eval --config={config} --workdir={workdir}",
   ),
   label="Retrospex",
