@@ -71,7 +71,7 @@ def get_config(arg=None):
     q_offpolicy=2.0 / 3.0,  # share of memory iterations updated off-policy (tips removed)
     force_mode="",  # '', 'on', 'on_tips' or 'off': skip the draw (tests, ablations)
     ratio_variant="paper",  # 'paper' or 'release' old-log-prob view (SPEC §4)
-    intrinsic_reward=True,
+    intrinsic_reward=True,  # True/'count', False/'none', or 'rnd' (empo2_jax/explore/config.py)
     intrinsic_scale=1.0,
     tip_max_new_tokens=128,
     tip_temperature=1.0,
@@ -144,6 +144,10 @@ def get_config(arg=None):
     eval_after=True,
     checkpoint_every=50,
   )
+  # The other exploration methods' sections: rnd, sge, herl, spa (empo2_jax/explore/config.py).
+  from empo2_jax.explore.config import add_defaults
+
+  add_defaults(c)
   c.lock()
   return c
 

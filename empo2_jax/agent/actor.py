@@ -80,6 +80,9 @@ class Actor:
     self.last_stats: dict = {}
     self._chats: dict = {}  # id(episode) -> ChatTokens, for the rollout in progress
     self._clock: collections.Counter = collections.Counter()  # phase -> seconds, this rollout
+    # What the env reads of a response (explore/hooks.Explorer.env_text: SGE's text after the
+    # strategy span, SPA's answer span); the chat keeps the whole response.
+    self.env_text = lambda text: text
 
   # ------------------------------------------------------------------------------------------
   @contextlib.contextmanager
@@ -138,11 +141,15 @@ class Actor:
     reflect: bool = False,
     iteration: int = 0,
     notes: Optional[Sequence[str]] = None,
+    sampler=None,
   ) -> list[Episode]:
     """specs: (task, variation, group_id) per episode. Returns finished episodes in spec order.
 
     notes: optional text per spec that opens the episode's first user message (Reflexion's
     reflections, baselines/reflexion.py); "" for none.
+    sampler: optional per-step sampler replacing the single session call (explore/hooks.py:
+    SGE's two-phase sampling), sampler(actor, session, requests, key, episodes, temperature=,
+    keep_prefix=) -> {i: (ids, logprobs, per-token temperatures)}.
 
     Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
     steps only its share (`hosts.host_share`) in its own pool, with `params` on its own devices
@@ -179,7 +186,7 @@ class Actor:
         mesh=self.mesh,
         engine=engine,
       )
-      self._run_episodes(session, episodes, use_memory, temperature, k_steps, stats)
+      self._run_episodes(session, episodes, use_memory, temperature, k_steps, stats, sampler)
     if reflect and self.memory is not None:
       with self._timed("reflect"):
         stats.update(self._reflect(session, episodes, k_reflect, iteration))
@@ -200,6 +207,7 @@ class Actor:
     temperature: float,
     rng: jax.Array,
     stats: dict,
+    sampler=None,
   ) -> None:
     """Steps `episodes` (this host's) to their ends in lock-step; step t samples with
     fold_in(fold_in(rng, t), episode index)."""
@@ -210,6 +218,7 @@ class Actor:
     for e, r in zip(episodes, resets):
       e.env_failed = r.info.env_failed
       e.done = e.env_failed
+      e.states.append(r.info.state or r.observation)
     keep = {}
     step_i = 0
     while True:
@@ -236,20 +245,28 @@ class Actor:
           keep[i] = len(ids)  # on overflow, keep the first prompt and the recent turns
         requests[i] = ids
       with self._timed("sampling"):
-        out = self._sample(
-          session,
-          requests,
-          jax.random.fold_in(rng, step_i),
-          max_new_tokens=s.max_new_tokens,
-          temperature=temperature,
-          keep_prefix=keep,
-        )
+        step_key = jax.random.fold_in(rng, step_i)
+        if sampler is None:
+          out = self._sample(
+            session,
+            requests,
+            step_key,
+            max_new_tokens=s.max_new_tokens,
+            temperature=temperature,
+            keep_prefix=keep,
+          )
+        else:  # a method's sampler (explore/hooks.py), also returning per-token temperatures
+          out = sampler(
+            self, session, requests, step_key, episodes, temperature=temperature, keep_prefix=keep
+          )
       texts = {i: self.tok.decode(out[i][0], skip_special_tokens=True).strip() for i in live}
       with self._timed("env"):
-        results = self.pool.step([texts.get(i) for i in range(len(episodes))])
+        env_texts = {i: self.env_text(t) for i, t in texts.items()}
+        results = self.pool.step([env_texts.get(i) for i in range(len(episodes))])
       for i in live:
         e, res = episodes[i], results[i]
-        toks, lps = out[i]
+        toks, lps = out[i][:2]
+        token_temps = out[i][2] if len(out[i]) > 2 else None
         n_ret = e.retrieved[-1]
         r_int = (
           float(intrinsic_reward(n_ret, s.intrinsic_scale))
@@ -271,6 +288,7 @@ class Actor:
             intrinsic=r_int,
             obs_key=obs[i].strip(),
             valid=bool(res.info.valid),
+            token_temps=None if token_temps is None else [float(x) for x in token_temps],
           )
         )
         e.messages.append({"role": "assistant", "content": texts[i]})
@@ -281,6 +299,9 @@ class Actor:
         e.done = bool(res.done) or res.info.truncated or e.env_failed
         obs[i] = res.observation
         e.final_observation = res.observation
+        e.states.append(res.info.state or res.observation)
+        e.truncated = bool(res.info.truncated)
+        e.goals = getattr(res.info, "goals", "")
         stats["retrieved"] += n_ret
         stats["memory_steps"] += int(use_memory)
         stats["steps"] += 1

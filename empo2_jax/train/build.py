@@ -68,6 +68,18 @@ def check_config(c) -> None:
     raise ConfigError(str(e)) from e
   if c.model.checkpoint and c.model.random_init:
     raise ConfigError("model.checkpoint and model.random_init are both set; pick one")
+  from empo2_jax.explore import config as explore_config
+
+  try:  # rnd / sge / herl / spa sections and empo2.intrinsic_reward
+    explore_config.check(c)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  response = explore_config.response_tokens(c)
+  if response >= c.rollout.max_context:
+    raise ConfigError(
+      f"the response budget {response} (rollout.max_new_tokens plus SGE's/SPA's extra tokens) "
+      f"leaves no room for a prompt in rollout.max_context={c.rollout.max_context}"
+    )
   _check_numerics(c)
 
 

@@ -6,7 +6,8 @@
     ckpt.close()                                 # waits for the async save in flight
 
 One checkpoint step holds three orbax items:
-  state   params, optimizer state and optimizer step (rl.update.TrainState) and the base RNG key
+  state   params, optimizer state and optimizer step (rl.update.TrainState) and the base RNG key;
+          with RND (explore/rnd.py) also its networks, Adam state and running statistics
   memory  the tip memory (MemoryStore.state_dict() as one npz blob: orbax cannot save the empty
           arrays of an empty memory)
   meta    JSON: iteration, env-row cursor, the config, the metrics records up to this iteration
@@ -284,6 +285,11 @@ def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
     "metrics": read_records(trainer.workdir, upto=step),
   }
   state = {"train": trainer.state, "rng": trainer.rng}
+  explorer = getattr(trainer, "explorer", None)  # the exploration methods' state (explore/)
+  if explorer is not None:
+    if explorer.state_tree() is not None:
+      state["explore"] = explorer.state_tree()
+    meta["explore"] = explorer.meta()
   ckpt.save(step, state, memory_to_blob(trainer.memory.store), meta, wait=wait)
   return step
 
@@ -294,9 +300,11 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   With `rewrite_metrics`, also rewrites metrics.jsonl to the checkpoint's records, so lines
   written after it (by the run that was killed) are dropped and the resumed iterations are written
   once. Readers that only evaluate (launch/eval.py) pass False."""
-  abstract = jax.tree.map(
-    ocp.utils.to_shape_dtype_struct, {"train": trainer.state, "rng": trainer.rng}
-  )
+  current = {"train": trainer.state, "rng": trainer.rng}
+  explorer = getattr(trainer, "explorer", None)
+  if explorer is not None and explorer.state_tree() is not None:
+    current["explore"] = explorer.state_tree()
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, current)
   stores = {}
 
   def check(state, blob, meta):
@@ -311,6 +319,8 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
     return None
   step, state, _, meta = found
   trainer.state, trainer.rng = state["train"], state["rng"]
+  if explorer is not None:
+    explorer.load(state.get("explore"), meta.get("explore"))
   trainer.iteration, trainer.row_cursor = int(meta["iteration"]), int(meta["row_cursor"])
   trainer.set_memory_store(stores["memory"])
   if rewrite_metrics:

@@ -228,6 +228,39 @@ register(
 )
 register("empo2", "EMPO2: memory-augmented exploration, on- and off-policy updates", label="EMPO2")
 
+# The other exploration methods (issue 19; empo2_jax/explore/, METHODS.md 5-8): GRPO without
+# memory plus the method's own piece, except EMPO2 + RND (EMPO2 with RND's reward in place of
+# 1/(n+1)). SPA runs its self-play data collection and SFT first (launch/spa.py); launch/train.py
+# with method=spa runs only its RL stage (from model.checkpoint, e.g. the SFT's hf/ directory).
+register(
+  "sge",
+  "SGE: <strategy> spans sampled at mixed temperatures (log-probs at the temperature used), "
+  "strategy reflection; GRPO, no memory (explore/sge.py)",
+  overrides={"empo2.p_memory": 0.0, "sge.enabled": True},
+  label="SGE",
+)
+register(
+  "herl",
+  "HeRL: guided re-rollouts of failed groups from their unmet goals, injected with the HE token "
+  "weight and the bonus; GRPO, no memory (explore/herl.py)",
+  overrides={"empo2.p_memory": 0.0, "herl.enabled": True},
+  label="HeRL",
+)
+register(
+  "spa",
+  "SPA: self-play world-model SFT (the true states in <observation>/<prediction>), then GRPO "
+  "from it, Pass@k during RL (explore/spa.py, launch/spa.py)",
+  overrides={"empo2.p_memory": 0.0, "spa.enabled": True},
+  commands=("{python} launch/spa.py --config={config} --config.method={name} --workdir={workdir}",),
+  label="SPA",
+)
+register(
+  "empo2_rnd",
+  "EMPO2 with an RND reward on MiniLM state embeddings in place of 1/(n+1) (explore/rnd.py)",
+  overrides={"empo2.intrinsic_reward": "rnd"},
+  label="EMPO2+RND",
+)
+
 __all__ = [
   "Method",
   "REGISTRY",

@@ -4,6 +4,7 @@ batch builder (rl/batch.py) and the actor (agent/actor.py)."""
 from __future__ import annotations
 
 from empo2_jax.agent.actor import ActorSettings
+from empo2_jax.explore import config as explore_config
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import update as update_lib
 from empo2_jax.rl.losses import LossConfig
@@ -31,15 +32,19 @@ def update_config(c) -> update_lib.UpdateConfig:
       entropy_coef=c.loss.entropy_coef,
       low_prob_mask=c.loss.low_prob_mask,
       low_prob_delta=c.loss.low_prob_delta,
+      he_gamma=c.herl.gamma_s,
     ),
   )
 
 
 def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
   """rl/minibatch.arrange then lays out the update's rows."""
+  # SGE's strategy phase and SPA's world-model text lengthen the response
+  # (explore/config.response_tokens); prompts then get what is left of the context.
+  response = explore_config.response_tokens(c)
   return batch_lib.BatchConfig(
-    max_prompt_len=c.optim.max_prompt_len,
-    response_len=c.rollout.max_new_tokens,
+    max_prompt_len=min(c.optim.max_prompt_len, c.rollout.max_context - response),
+    response_len=response,
     ratio_variant=c.empo2.ratio_variant,
     pad_id=pad_id,
     prompt_len_check=c.optim.prompt_len_check,
@@ -49,14 +54,15 @@ def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
 
 def actor_settings(c) -> ActorSettings:
   return ActorSettings(
-    max_new_tokens=c.rollout.max_new_tokens,
+    max_new_tokens=explore_config.response_tokens(c),
     max_context=c.rollout.max_context,
     top_p=c.rollout.top_p,
     top_k=c.rollout.top_k,
     tip_max_new_tokens=c.empo2.tip_max_new_tokens,
     tip_temperature=c.empo2.tip_temperature,
     intrinsic_scale=c.empo2.intrinsic_scale,
-    intrinsic_reward=c.empo2.intrinsic_reward,
+    # EMPO2's 1/(n+1) in the actor; RND's reward comes after the rollout (explore/hooks.py).
+    intrinsic_reward=explore_config.intrinsic_kind(c) == "count",
     memory_key=c.empo2.memory_key,
     memory_key_text=c.empo2.memory_key_text,
     cache_dtype=c.rollout.cache_dtype,

@@ -89,6 +89,14 @@ class Trainer:
       mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh),
       prompt_set=build.suite(c).prompts,  # the env's messages (envs/registry.py)
     )
+    # The exploration methods' hooks (explore/hooks.py: RND, SGE, HeRL, SPA's answer span); for
+    # EMPO2 / GRPO every hook is a no-op.
+    from empo2_jax.explore.hooks import Explorer
+
+    self.explorer = Explorer(
+      c, encoder=self.memory.encoder, score_out_of=self.actor.prompts.score_out_of
+    )
+    self.actor.env_text = self.explorer.env_text
     # A host (numpy) copy: every process holds the same key, and orbax refuses to checkpoint
     # host-local jax arrays in a multi-host run.
     self.rng = np.asarray(jax.random.PRNGKey(c.seed))
@@ -227,8 +235,13 @@ class Trainer:
       mode=mode,
       reflect=True,
       iteration=it,
+      notes=self.explorer.train_notes(specs, it),
+      sampler=self.explorer.train_sampler(),
     )
     roll_stats = dict(self.actor.last_stats)
+    # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is trained
+    # on; the returns below stay those of the policy's own episodes.
+    trained, explore_metrics = self.explorer.after_rollout(self, episodes, it, mode, k_roll)
     # The rollout's phases (agent/actor.py) and what is left of its wall clock: time/rollout_*.
     phases = {k: v for k, v in roll_stats.items() if k.startswith("time/rollout_")}
     timing.update(phases)
@@ -238,7 +251,7 @@ class Trainer:
     # An episode the env pool gave up on (worker died repeatedly) has a partial score: not trained
     # on and not counted in the returns; reported as env_failed.
     ok = [e for e in episodes if not e.env_failed] or episodes[:0]
-    turns = [t for e in ok for t in e.turns]
+    turns = [t for e in trained if not e.env_failed for t in e.turns]
     adv_kwargs = {}
     if c.advantage.estimator == "gigpo":
       adv_kwargs = dict(
@@ -318,6 +331,7 @@ class Trainer:
     }
     out.update(upd)
     out.update(timing)
+    out.update(explore_metrics)
     self.last_episodes = episodes
     return out
 
@@ -337,6 +351,7 @@ class Trainer:
       rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
       mode="eval",
       reflect=False,
+      notes=self.explorer.eval_notes(specs),
     )
 
   def evaluate(self, with_memory: bool = False) -> dict:
@@ -346,10 +361,18 @@ class Trainer:
     episodes = [e for e in episodes if not e.env_failed]
     returns = np.array([e.episode_return for e in episodes] or [np.nan])
     tag = "eval_mem" if with_memory else "eval"
+    # Pass@1 and Pass@k over the eval_repeats episodes of each test row (SPA's es_manager:
+    # pass@k = any success in the group, averaged over the groups; explore/spa.py).
+    from empo2_jax.explore.spa import pass_at_k
+
+    pass1, passk, k = pass_at_k([e.group_id for e in episodes], [e.success for e in episodes])
     return {
       f"{tag}/return_mean": float(returns.mean()),
       f"{tag}/return_std": float(returns.std()),
       f"{tag}/success": float(np.mean([e.success for e in episodes] or [np.nan])),
+      f"{tag}/pass@1": pass1,
+      f"{tag}/pass@k": passk,
+      f"{tag}/k": k,
       f"{tag}/episodes": len(episodes),
       f"{tag}/env_failed": failed,
       f"time/{tag}": time.perf_counter() - t0,
