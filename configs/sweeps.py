@@ -148,6 +148,13 @@ def get_sweep(arg: str) -> list[dict]:
       product(sweep("empo2.p_memory", [0.0, 0.5]), sweep("empo2.q_offpolicy", [0.0, 1.0])),
       train__iterations=2,
     ),
+    # issue 19: the exploration methods side by side on one environment (the config given to
+    # launch/sweep.py, e.g. configs/frozenlake.py:cpu) with the same budget (iterations, rows,
+    # group size, evaluation); SPA adds its self-play collection and SFT before its RL
+    # (launch/spa.py). docs/exploration_cpu.md has the CPU run.
+    "exploration": lambda: [
+      named(m, method=m) for m in ("grpo", "empo2", "sge", "herl", "spa", "empo2_rnd")
+    ],
     # the training methods of the paper's Table 1 (table1_commands has every method)
     "table1": lambda: table1_runs(_paper_tasks()),
     "table1_cpu": lambda: table1_runs(TABLE1_CPU_TASKS, cpu=True),

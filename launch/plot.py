@@ -4,7 +4,9 @@ axis, as the paper's Figures 1a/9/10), policy entropy, and the time per phase (F
   python launch/plot.py --workdirs=runs/empo2,runs/grpo --out=runs/plots
   python launch/plot.py --workdirs=runs/pq --out=runs/pq/plots      # a sweep root: all its runs
 
-Writes returns.png, entropy.png, time_per_phase.png and comparison.png (all four panels) into --out.
+Writes returns.png, entropy.png, time_per_phase.png and comparison.png (all four panels) into --out,
+and exploration.png (return, success, eval Pass@1 / Pass@k, policy entropy: the exploration
+methods side by side, configs/sweeps.py:exploration); --table prints a markdown table of the runs.
 A workdir without metrics.jsonl but with subdirectories that have one stands for those runs.
 Workdirs and --out are etils.epath paths: local or gs://.
 """
@@ -110,6 +112,60 @@ def plot_lines(ax, runs, key, title, window, eval_key=None):
     ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", va="center", transform=ax.transAxes)
 
 
+def plot_passk(ax, runs, window):
+  """Eval Pass@k (solid) and Pass@1 (dashed) per run (Trainer.evaluate: k = train.eval_repeats)."""
+  drawn = False
+  for i, (name, recs) in enumerate(runs.items()):
+    k = next((int(r["eval/k"]) for r in recs if r.get("eval/k")), 0)
+    for key, ls, label in (("eval/pass@k", "-", f"{name} pass@{k}"), ("eval/pass@1", "--", None)):
+      x, y = series(recs, key)
+      if len(x):
+        ax.plot(x, smooth(y, window), color=f"C{i % 10}", ls=ls, marker=MARKERS[i % 10], ms=5,
+                mfc="none", label=label or f"{name} pass@1")  # fmt: skip
+        drawn = True
+  ax.set_title("eval Pass@k (solid) and Pass@1 (dashed)")
+  ax.set_xlabel("iteration")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.grid(alpha=0.3)
+  if drawn:
+    ax.legend(fontsize=6)
+  else:
+    ax.text(0.5, 0.5, "no eval/pass@k in these runs", ha="center", va="center",
+            transform=ax.transAxes)  # fmt: skip
+
+
+TABLE_KEYS = (
+  ("iterations", None),
+  ("train return (mean)", "return_mean"),
+  ("train success (mean)", "success"),
+  ("eval return (last)", "eval/return_mean"),
+  ("eval success (last)", "eval/success"),
+  ("eval pass@1 (last)", "eval/pass@1"),
+  ("eval pass@k (last)", "eval/pass@k"),
+  ("entropy (mean)", "loss/entropy"),
+  ("s / iteration", "time/iteration"),
+)
+
+
+def table(runs: dict) -> str:
+  """Markdown: one row per run; train metrics averaged over iterations, eval ones the last."""
+  head = "| run | " + " | ".join(k for k, _ in TABLE_KEYS) + " |"
+  lines = [head, "|" + "---|" * (len(TABLE_KEYS) + 1)]
+  for name, recs in runs.items():
+    cells = []
+    for label, key in TABLE_KEYS:
+      if key is None:
+        cells.append(str(len(recs)))
+        continue
+      _, y = series(recs, key)
+      if not len(y):
+        cells.append("-")
+      else:
+        cells.append(f"{(y[-1] if label.endswith('(last)') else y.mean()):.3g}")
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def phase_means(recs: list[dict], skip_first: bool = True) -> dict[str, float]:
   """Mean seconds per phase; the first iteration (compilation) is left out when there are more."""
   if skip_first and len(recs) > 1:
@@ -167,6 +223,12 @@ def make_plots(runs: dict, out, window: int = 1, dpi: int = 100) -> list[str]:
   plot_lines(axes[1, 0], runs, "loss/entropy", "policy entropy", window)
   plot_phases(axes[1, 1], runs)
   save(fig, "comparison.png")
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+  plot_lines(axes[0, 0], runs, "return_mean", "return", window, eval_key="eval/return_mean")
+  plot_lines(axes[0, 1], runs, "success", "success rate", window, eval_key="eval/success")
+  plot_passk(axes[1, 0], runs, window)
+  plot_lines(axes[1, 1], runs, "loss/entropy", "policy entropy", window)
+  save(fig, "exploration.png")
   return paths
 
 
@@ -176,8 +238,11 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True, help="directory for the PNG files")
   p.add_argument("--smooth", type=int, default=1, help="moving-average window (iterations)")
   p.add_argument("--dpi", type=int, default=100)
+  p.add_argument("--table", action="store_true", help="also print a markdown table of the runs")
   args = p.parse_args(argv)
   runs = find_runs([w for w in args.workdirs.split(",") if w])
+  if args.table:
+    print(table(runs))
   for path in make_plots(runs, args.out, args.smooth, args.dpi):
     print(path)
   return 0

@@ -26,6 +26,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "launch", "train.py")
 
 
+def script_for(method) -> str:
+  """The entry point of a run: launch/train.py, or the script of a method that has its own
+  (empo2_jax/train/methods.py: SPA runs launch/spa.py)."""
+  if not method:
+    return TRAIN
+  from empo2_jax.train import methods
+
+  for part in methods.get(method).commands[0].split():
+    if part.startswith("launch/") and part.endswith(".py"):
+      return os.path.join(ROOT, part)
+  return TRAIN
+
+
 def _split(arg: str) -> tuple[str, str | None]:
   path, _, rest = arg.partition(":")
   return path, (rest if rest else None)
@@ -82,7 +95,8 @@ def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> l
       raise SystemExit(f"error: sweep {sweep_name} has two runs named {name!r}")
     seen.add(name)
     run_dir = os.path.join(workdir, name)
-    cmd = [sys.executable, TRAIN, f"--config={config_arg}", f"--workdir={run_dir}"]
+    script = script_for(overrides.get("method"))
+    cmd = [sys.executable, script, f"--config={config_arg}", f"--workdir={run_dir}"]
     cmd += [f"--config.{k}={v}" for k, v in overrides.items() if k != "name"] + list(extra)
     out.append(
       {

@@ -64,3 +64,22 @@ def test_split_and_pass_at_k():
   assert spa.split(2, 0.2, seed=1)[1] and spa.split(2, 0.2, seed=1)[0]
   p1, pk, k = spa.pass_at_k(["a"] * 4 + ["b"] * 4, [0, 0, 1, 0, 0, 0, 0, 0])
   assert (p1, pk, k) == (pytest.approx(1 / 8), pytest.approx(0.5), 4)
+
+
+def test_valid_prefix_cuts_before_the_first_turn_without_an_action():
+  msgs = [
+    {"role": "user", "content": "u0"},
+    {"role": "assistant", "content": "Right"},
+    {"role": "user", "content": "u1"},
+    {"role": "assistant", "content": "hmm"},
+    {"role": "user", "content": "u2"},
+    {"role": "assistant", "content": "Down"},
+  ]
+  got = spa.valid_prefix(msgs, [S0, S1, S1, S2], ["Right", "", "Down"])
+  assert got == (msgs[:2], [S0, S1], ["Right"])
+  assert spa.valid_prefix(msgs, [S0, S1, S1, S2], ["Right", "Up", "Down"]) == (
+    msgs,
+    [S0, S1, S1, S2],
+    ["Right", "Up", "Down"],
+  )
+  assert spa.valid_prefix(msgs, [S0, S1, S1, S2], [" ", "Up", "Down"]) is None

@@ -61,6 +61,7 @@ def add_defaults(c) -> None:
     # the SFT'd model keeps writing them), ADDED to rollout.max_new_tokens
     extra_new_tokens=96,
     val_share=0.2,  # SPA's 80/20 split
+    sft_epochs=5,  # SPA's SFT epochs over the collected rows (0: config.sft.steps steps)
   )
 
 
@@ -110,10 +111,10 @@ def check(c) -> None:
   )
   if sum(bool(x) for x in (c.sge.enabled, c.herl.enabled, c.spa.enabled)) > 1:
     raise ValueError("sge.enabled, herl.enabled and spa.enabled: at most one at a time")
-  if c.spa.collect_iterations < 1 or not 0.0 <= c.spa.val_share < 1.0:
+  if c.spa.collect_iterations < 1 or not 0.0 <= c.spa.val_share < 1.0 or c.spa.sft_epochs < 0:
     raise ValueError(
-      f"spa: need collect_iterations >= 1 and 0 <= val_share < 1; got "
-      f"{c.spa.collect_iterations}, {c.spa.val_share}"
+      f"spa: need collect_iterations >= 1, 0 <= val_share < 1 and sft_epochs >= 0; got "
+      f"{c.spa.collect_iterations}, {c.spa.val_share}, {c.spa.sft_epochs}"
     )
   del sge
 

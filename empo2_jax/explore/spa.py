@@ -19,10 +19,10 @@ without one (ScienceWorld), the observation text. Choices that are proposals (ME
   * the ground-truth state text is KEPT in the targets and trained on (the released
     SFTDataset masks it to <obs_content>/<pred_content>, which matches the paper's "mask the
     state" ablation, not the main method);
-  * every trajectory is kept, whether it succeeded or not (SPA's success filter is commented out);
-    a turn whose answer did not parse keeps no thoughts (the published data drops such
-    trajectories; with a 135M model that would drop nearly all of them), and its answer is the
-    executed action;
+  * every trajectory is kept, whether it succeeded or not (SPA's success filter is commented out),
+    up to its first turn that named no action (`valid_prefix`; the published data drops
+    format-violating trajectories, which with a 135M model would drop nearly all of them); a
+    turn whose answer did not parse keeps no thoughts, and its answer is the executed action;
   * a whole episode is one packed SFT row (train/sft.py): each turn is scored under the same
     history SPA's per-turn examples (prompt = messages[:i]) give it;
   * a seeded 80/20 train/validation split by episode (SPA: a random 80/20 split).
@@ -108,6 +108,17 @@ def episode_chat(
   return out
 
 
+def valid_prefix(messages: Sequence[dict], states: Sequence[str], actions: Sequence[str]):
+  """(messages, states, actions) cut before the first turn whose executed action is empty (the
+  answer named no action: a format violation, whose target would teach an empty answer; SPA's
+  published data drops such trajectories, this keeps the turns before it). Nothing left: None."""
+  n = next((t for t, a in enumerate(actions) if not a.strip()), len(actions))
+  if n == 0:
+    return None
+  turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+  return list(messages[: turns[n - 1] + 1]), list(states[: n + 1]), list(actions[:n])
+
+
 def split(n: int, val_share: float, seed: int) -> tuple[list[int], list[int]]:
   """(train indices, validation indices): a seeded permutation cut at round(n * (1 - share));
   with n >= 2 and share > 0 both parts are non-empty."""
@@ -137,6 +148,7 @@ __all__ = [
   "action_text",
   "target",
   "episode_chat",
+  "valid_prefix",
   "split",
   "pass_at_k",
 ]
