@@ -162,6 +162,21 @@ def _attend(q, k, v, allowed, dtype):
   return out.reshape(b, t, h * hd)
 
 
+def _attend_causal(q, k, v, allowed, dtype, block: int):
+  """`_attend` for a cache-free forward (T == S, `allowed` within the causal triangle): query
+  block [a, b) attends to keys [0, b) only. The skipped keys are disallowed for those queries, so
+  real positions get the same result as the full matrix (a query with no allowed key, i.e. left
+  padding, averages over the keys it sees: padding outputs are never read)."""
+  t = q.shape[1]
+  if block <= 0 or t <= block:
+    return _attend(q, k, v, allowed, dtype)
+  outs = []
+  for a in range(0, t, block):
+    b = min(a + block, t)
+    outs.append(_attend(q[:, a:b], k[:, :b], v[:, :b], allowed[:, a:b, :b], dtype))
+  return jnp.concatenate(outs, axis=1)
+
+
 def _write_rows(buf: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   """buf [B, S, ...] <- new [B, T, ...] at per-row offsets index [B]."""
 
@@ -196,7 +211,10 @@ def decoder_layer(
     new_kv = (k_all, v_all)
   else:
     k_all, v_all, new_kv = k, v, None
-  attn = _attend(q, k_all, v_all, allowed, dt)
+  if kv_cache is None:
+    attn = _attend_causal(q, k_all, v_all, allowed, dt, c.attention_block)
+  else:
+    attn = _attend(q, k_all, v_all, allowed, dt)
   x = x + attn @ w("wo")
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
