@@ -9,8 +9,6 @@ update, losses and advantages are the pure kernels of empo2_jax.rl.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import logging
 import os
 import signal
@@ -31,6 +29,7 @@ from empo2_jax.rl import update as update_lib
 from empo2_jax.train import build
 from empo2_jax.train import checkpoint as ckpt_lib
 from empo2_jax.train import faults, settings
+from empo2_jax.train.hoststats import CompileCounter, release_host_memory
 from empo2_jax.train.faults import NonFiniteError
 from empo2_jax.train.metrics import MetricsWriter, is_remote
 
@@ -384,8 +383,10 @@ class Trainer:
     history = []
     every_ckpt = c.train.checkpoint_every
     try:
+      CompileCounter.install()
       while self.iteration < total:
         t0 = time.perf_counter()
+        compiles0, compile_s0 = CompileCounter.totals()
         m = self.train_iteration()
         self.iteration += 1
         every = c.train.eval_every
@@ -395,7 +396,10 @@ class Trainer:
           if c.train.eval_with_memory:
             m.update(self.evaluate(True))
         m["time/iteration"] = time.perf_counter() - t0
-        m["host/rss_gib"] = _release_host_memory()
+        compiles, compile_s = CompileCounter.totals()
+        m["host/compiles"] = compiles - compiles0
+        m["host/compile_s"] = compile_s - compile_s0
+        m["host/rss_gib"] = release_host_memory()
         # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
         if jax.process_index() == 0:
           try:
@@ -436,27 +440,3 @@ class Trainer:
 
 
 __all__ = ["Trainer", "draw_mode", "NonFiniteError"]
-
-
-def _release_host_memory() -> float:
-  """Frees what the iteration left behind and returns the process's resident memory in GiB.
-
-  glibc keeps freed heap pages mapped (XLA compiles and the host copies of batches allocate and
-  free hundreds of MB per iteration), so without a trim the resident size creeps up over a long
-  run although nothing is live; `malloc_trim(0)` hands the free pages back to the OS.
-  """
-  gc.collect()
-  try:
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-  except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-    pass
-  try:
-    with open("/proc/self/statm") as f:
-      pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
-  except (OSError, ValueError):  # no /proc: the peak resident size instead (bytes on macOS)
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20

@@ -1,0 +1,72 @@
+"""Host-side process figures per iteration: XLA compiles and resident memory.
+
+`CompileCounter` counts the backend compilations JAX reports (jax.monitoring's
+`/jax/core/compile/backend_compile_duration` event) so a run shows when new shapes are compiled
+(`host/compiles`, `host/compile_s`): a steady stream of compiles late in a run means the batch
+shapes are not bucketed. `release_host_memory` runs after an iteration and returns the resident
+size it leaves (`host/rss_gib`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import sys
+import threading
+
+import jax
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class CompileCounter:
+  """Totals of JAX backend compiles since the counter was installed (process-wide)."""
+
+  _lock = threading.Lock()
+  _count = 0
+  _seconds = 0.0
+  _installed = False
+
+  @classmethod
+  def install(cls) -> None:
+    with cls._lock:
+      if cls._installed:
+        return
+      jax.monitoring.register_event_duration_secs_listener(cls._on_event)
+      cls._installed = True
+
+  @classmethod
+  def _on_event(cls, event: str, duration: float, **_) -> None:
+    if event == _COMPILE_EVENT:
+      with cls._lock:
+        cls._count += 1
+        cls._seconds += float(duration)
+
+  @classmethod
+  def totals(cls) -> tuple[int, float]:
+    with cls._lock:
+      return cls._count, cls._seconds
+
+
+def release_host_memory() -> float:
+  """Frees what the iteration left behind; returns the process's resident memory in GiB.
+
+  glibc keeps freed heap pages mapped (XLA compiles and the host copies of batches allocate and
+  free hundreds of MB per iteration), so without a trim the resident size creeps up over a long
+  run although nothing is live; `malloc_trim(0)` hands the free pages back to the OS.
+  """
+  gc.collect()
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+    pass
+  try:
+    with open("/proc/self/statm") as f:
+      pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+  except (OSError, ValueError):  # no /proc: the peak resident size instead (bytes on macOS)
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20

@@ -1,0 +1,38 @@
+"""Per-iteration host figures: compile counting and resident memory."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from empo2_jax.train.hoststats import CompileCounter, release_host_memory
+
+
+def test_compile_counter_counts_new_shapes_only():
+  CompileCounter.install()
+  CompileCounter.install()  # idempotent: one listener, not two
+
+  @jax.jit
+  def f(x):
+    return jnp.sin(x) * 3.0 + 1.0
+
+  a, b = jnp.ones(7), jnp.ones(9)  # created first: making them compiles too
+  n0, s0 = CompileCounter.totals()
+  f(a).block_until_ready()
+  n1, s1 = CompileCounter.totals()
+  f(a).block_until_ready()  # cached: no compile
+  n2, _ = CompileCounter.totals()
+  f(b).block_until_ready()  # new shape: a compile
+  n3, _ = CompileCounter.totals()
+  assert n1 - n0 == 1 and s1 > s0
+  assert n2 == n1
+  assert n3 - n2 == 1
+
+
+def test_release_host_memory_reports_resident_size():
+  with open("/proc/self/status") as f:
+    vm_rss_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+  gib = release_host_memory()
+  total_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+  assert 0.01 < gib < total_gib
+  assert abs(gib - vm_rss_kib / 2**20) < 0.5  # /proc/self/status agrees (trim may free a little)
