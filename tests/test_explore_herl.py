@@ -162,3 +162,23 @@ def test_batches_carry_he_mask_and_token_temperatures():
     assert packed["token_temperature"][b, k, 0] == np.float32(1.3 if turns[i].token_temps else 0)
   plain = [dataclasses.replace(t, he=False, token_temps=None) for t in turns]
   assert not {"he_mask", "token_temperature"} & set(build_batch(plain, np.zeros(4), tok, cfg)[0])
+
+
+@pytest.mark.slow
+def test_scienceworld_reports_goal_progress_at_the_end():
+  """StepInfo.goals at the episode's end: a solved episode has every sequential subgoal done; a
+  cut-off one lists unmet goals for the hindsight block."""
+  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+
+  env = SciWorldEnv(SciWorldConfig(num_train_rows=2, num_test_rows=2, default_max_steps=2,
+                                   max_steps_overrides=()))  # fmt: skip
+  try:
+    env.reset("find-animal", 0)
+    first = env.step("look around")
+    assert first.info.goals == ""  # not done yet: no extra JVM call
+    last = env.step("look around")
+    assert last.done and last.info.truncated
+    unmet, met = herl.goal_items(last.info.goals, last.info.success)
+    assert "focus on an animal" in unmet
+  finally:
+    env.close()

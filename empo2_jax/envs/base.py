@@ -50,6 +50,9 @@ class StepInfo:
   success: bool = False  # the environment's success criterion (ScienceWorld: done, score > 70)
   env_failed: bool = False  # the pool gave up on this episode after repeated worker failures
   state: str = ""  # the bare state rendering after this step, where an env has one
+  # At the episode's end, where an env has subgoals: their progress (ScienceWorld's
+  # getGoalProgressStr; HeRL's unmet goals, explore/herl.py). "" otherwise.
+  goals: str = ""
 
 
 class ResetResult(NamedTuple):

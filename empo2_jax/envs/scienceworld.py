@@ -345,6 +345,8 @@ class SciWorldEnv:
       steps=self._steps,
       truncated=truncated,
       success=done and score > self.config.success_score,
+      # the subgoals reached and not (HeRL's hindsight); one call at the episode's end
+      goals=str(server.getGoalProgressStr()) if done else "",
     )
     return StepResult(observation, float(reward), done, info)
 
