@@ -1,8 +1,12 @@
-"""Steps/s of EnvPool (1, 2, 4 workers) vs a plain loop over the library's `ScienceWorldEnv.step`.
+"""Steps/s of EnvPool (1, 2, 4 workers and the default size) vs a plain loop over the library's
+`ScienceWorldEnv.step`.
 
 Both replay the same episodes (gold actions of train rows of paper tasks, cut where the episode
 ends); the timed part is reset + every step, after one untimed warm-up pass each (JIT).
-Last line: `envs steps_per_s pool4=<a> naive=<b> ratio=<a/b>`.
+The default size is what `env.workers=0` picks (envs/pool.py:auto_workers: one worker per usable
+CPU, at most the episodes). Last line:
+`envs steps_per_s pool=<default size> naive=<b> ratio=<pool/b> per_core=<pool / CPUs> workers=<n>
+pool4=<4 workers>`.
 
   .venv/bin/python bench/envs.py [--episodes 12]
 """
@@ -10,7 +14,7 @@ Last line: `envs steps_per_s pool4=<a> naive=<b> ratio=<a/b>`.
 import os
 
 from _common import parser, result, seconds_per_call
-from empo2_jax.envs.pool import EnvPool, PoolConfig
+from empo2_jax.envs.pool import EnvPool, PoolConfig, auto_workers, usable_cpus
 from empo2_jax.envs.scienceworld import SciWorldEnv
 
 TASKS = (
@@ -92,11 +96,22 @@ def main():
   )
   naive = run_naive(episodes)
   print(f"naive library env.step: {naive:.1f} steps/s", flush=True)
+  default = auto_workers(len(episodes))
+  cpus = usable_cpus()
   pool = {}
-  for n in (1, 2, 4):
+  for n in sorted({1, 2, 4, default}):
     pool[n] = run_pool(episodes, n)
-    print(f"pool {n} workers: {pool[n]:.1f} steps/s", flush=True)
-  result("envs steps_per_s", pool4=pool[4], naive=naive, ratio=(pool[4] / naive, ".2f"), fmt=".1f")
+    print(f"pool {n} workers: {pool[n]:.1f} steps/s ({pool[n] / n:.1f} per worker)", flush=True)
+  result(
+    "envs steps_per_s",
+    pool=pool[default],
+    naive=naive,
+    ratio=(pool[default] / naive, ".2f"),
+    per_core=pool[default] / cpus,
+    workers=(default, "d"),
+    pool4=pool[4],
+    fmt=".1f",
+  )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def get_config(arg=None):
     num_train_rows=5,
     num_test_rows=20,
     max_steps=0,  # 0: the paper's per-task table
-    workers=8,
+    workers=0,  # env pool processes; 0: one per usable CPU, at most the episodes per iteration
     call_timeout_s=120.0,
     max_retries=3,
     # 'on_reject': Jaccard-correct only text the parser rejects; 'always' (release): every

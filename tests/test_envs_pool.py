@@ -145,3 +145,13 @@ def test_pool_input_errors_and_close():
   assert not alive(pool.java_pids_started[0])
   with pytest.raises(RuntimeError, match="closed"):
     pool.step(["look around"])
+
+
+def test_auto_workers_follows_cpus_and_episodes():
+  from empo2_jax.envs.pool import auto_workers, usable_cpus
+
+  assert auto_workers(128, cpus=16) == 16  # one per CPU
+  assert auto_workers(4, cpus=16) == 4  # never more than the episodes stepped at once
+  assert auto_workers(0, cpus=16) == 1
+  assert usable_cpus() == len(os.sched_getaffinity(0))
+  assert auto_workers(128) == min(usable_cpus(), 128)

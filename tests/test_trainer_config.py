@@ -104,6 +104,7 @@ def test_default_precision_and_minibatches():
     ("optim.minibatch_size", 0, "minibatch_size"),
     ("optim.micro_rows", 0, "micro_rows"),
     ("optim.max_prompt_len", 8000, "max_context"),
+    ("env.workers", -1, "one per CPU"),
   ],
 )
 def test_config_checks_fail_at_once(field, value, match):

@@ -61,6 +61,21 @@ class PoolConfig:
       raise ValueError(f"PoolConfig needs num_workers >= 1 and max_retries >= 0, got {self}.")
 
 
+def usable_cpus() -> int:
+  """CPUs this process may run on (its affinity mask on Linux)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+def auto_workers(episodes: int, cpus: int | None = None) -> int:
+  """The pool size `env.workers=0` picks: one worker per usable CPU (a ScienceWorld step is one
+  JVM thread; a worker waits on its JVM), but no more workers than the episodes stepped at once,
+  which would only idle."""
+  return max(1, min(usable_cpus() if cpus is None else cpus, episodes))
+
+
 # ---------------------------------------------------------------------------- worker process
 def _worker_main(conn, factory: WorkerFactory) -> None:
   """Serves ('reset', [(slot, task, variation, replay_actions)]) and ('step', [(slot, action)])."""

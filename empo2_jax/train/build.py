@@ -53,6 +53,8 @@ def check_config(c) -> None:
       f"advantage.episode_stats={c.advantage.episode_stats!r}; valid: trajectory, steps"
     )
   env_suite = suite(c)  # an unknown env.name names the valid ones
+  if c.env.workers < 0:
+    raise ConfigError(f"env.workers={c.env.workers}; pass a pool size >= 1, or 0 for one per CPU")
   if c.rollout.group_size < 2:
     raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
   for name in ("p_memory", "q_offpolicy"):
@@ -201,14 +203,14 @@ def env_config(c):
 
 def envs(c):
   """(EnvPool, a local env for rows, gold runs and prompt material) for config.env."""
-  from empo2_jax.envs.pool import EnvPool, PoolConfig
+  from empo2_jax.envs.pool import EnvPool, PoolConfig, auto_workers
 
   env_suite = suite(c)
   env_cfg = env_suite.env_config(c)
   pool = EnvPool(
     env_suite.worker(env_cfg),
     PoolConfig(
-      num_workers=c.env.workers,
+      num_workers=c.env.workers or auto_workers(c.rollout.rows_per_iter * c.rollout.group_size),
       java_tool_options=c.env.java_tool_options,
       call_timeout_s=c.env.call_timeout_s,
       max_retries=c.env.max_retries,
