@@ -78,7 +78,7 @@ def test_transitions_and_renderings_match_gymnasium(config):
     obs, info = env.reset("frozenlake", seed)
     game = env._game
     check_render(info.state, game)
-    assert obs.startswith(info.state) and obs.endswith("You have 100 actions left.")
+    assert obs.startswith(info.state) and obs.endswith("Actions remaining: 100.")
     rows = [bytes(x).decode() for x in [b"".join(r) for r in game.env.unwrapped.desc]]
     for _ in range(12):
       word = fl.ACTIONS[rng.integers(4)]
@@ -157,7 +157,8 @@ def test_limits_penalty_and_truncation():
   env.reset("frozenlake", seed)
   r = env.step("nothing useful")
   assert r.reward == pytest.approx(-0.1) and not r.info.valid and r.info.moves == 0
-  assert r.observation.startswith("No valid action") and not r.done
+  assert r.observation.startswith("Your answer named no action.\n") and not r.done
+  assert puzzles.parse_actions(r.observation, fl.ACTIONS)[0] == []  # echoing it does nothing
   r = env.step(f"{plan[0]} || fly")  # one valid piece runs, the turn is still penalised
   assert r.info.executed_action == plan[0] and r.reward == pytest.approx(-0.1)
   assert r.info.score == pytest.approx(-0.2) and r.info.moves == 1
@@ -166,7 +167,7 @@ def test_limits_penalty_and_truncation():
   back = [opposite[plan[0]], plan[0]] * 3 + [opposite[plan[0]]]
   r = env.step(" || ".join(back))
   assert r.info.moves == 6 and len(r.info.executed_action.split(" || ")) == 5
-  assert r.observation.endswith("You have 4 actions left.")
+  assert r.observation.endswith("Actions remaining: 4.")
   env.reset("frozenlake", seed)
   for i in range(5):
     r = env.step("Up || Down" if i % 2 == 0 else "Down || Up")

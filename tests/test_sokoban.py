@@ -140,7 +140,7 @@ def test_coordinates_render():
     f"Player (P) is at ({player[0]},{player[1]}); box (X) is at ({b[0]},{b[1]}); "
     f"target (O) is at ({t[0]},{t[1]})."
   )
-  assert obs == info.state + "\nYou have 10 actions left."
+  assert obs == info.state + "\nActions remaining: 10."
   assert "Coordinates are (row, column), from (0,0) at the top left to (5,5)." in (
     env.instruction()
   )

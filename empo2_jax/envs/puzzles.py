@@ -14,8 +14,10 @@ rewards (RAGEN's acc_reward) plus that penalty; StepInfo.score is the return so 
 
 The observation after reset and after each turn is the state text (`render`: "text", RAGEN's
 symbol grid, or "text_with_coordinates", the grid plus a line with the (row, col) of the pieces),
-then how many actions are left. StepInfo.state / ResetInfo.state hold the bare state text (SPA's
-world-model targets).
+then how many actions remain ("Actions remaining: 8."; not RAGEN's "You have 8 actions left",
+since "left" is an action word and an echoed observation would move). After a turn that named no
+action the observation starts with "Your answer named no action." StepInfo.state /
+ResetInfo.state hold the bare state text (SPA's world-model targets).
 
 Gold solutions: `gold_plan` is the shortest action sequence (breadth-first search) over the
 deterministic dynamics of the variation's start state; for slippery FrozenLake it is the plan on
@@ -249,7 +251,8 @@ class PuzzleEnv:
     limit = self._actions >= c.max_actions or self._turns >= c.max_turns
     self._done = terminal or limit
     state = self.state_text()
-    note = "" if words else f"No valid action in your answer; use {', '.join(game.actions)}.\n"
+    # Feedback without the action words: a model that echoes it must not act by accident.
+    note = "" if words else "Your answer named no action.\n"
     info = StepInfo(
       score=self._score,
       valid=valid,
@@ -270,8 +273,8 @@ class PuzzleEnv:
     return game.grid()
 
   def _observation(self, state: str) -> str:
-    left = self.config.max_actions - self._actions
-    return f"{state}\nYou have {left} action{'s' if left != 1 else ''} left."
+    n = self.config.max_actions - self._actions
+    return f"{state}\nActions remaining: {n}."
 
   def close(self) -> None:
     self._game = None
