@@ -66,6 +66,9 @@ def get_config(arg=None):
     # As configs/sciworld.py:cpu: a 135M model at temperature 1 often draws tokens below the
     # paper's delta = -5 (a 7B threshold); -10 masks only the outliers.
     c.loss.low_prob_delta = -10.0
+    # Episodes of 5 pages with their action lists pack to ~2-3.5k tokens a row: without remat the
+    # 30-layer update reached 6.9 GB here (and was OOM-killed on the shared machine).
+    c.model.remat = "full"
   if args.get("tiny"):
     c.model.preset = "tiny"
     c.model.random_init = True
