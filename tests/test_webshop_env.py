@@ -295,3 +295,32 @@ def test_fixture_files_are_the_generators_output(tmp_path):
   _, mismatch, errors = filecmp.cmpfiles(tmp_path, fixture_dir(), names, shallow=False)
   assert mismatch == errors == []
   assert sum(os.path.getsize(os.path.join(fixture_dir(), n)) for n in names) < 1_000_000
+
+
+def test_loading_from_a_gs_bucket(tmp_path):
+  """data_dir may be gs://: the files are read through etils.epath (here a fake bucket that maps
+  gs://bkt/... to a local directory)."""
+  import shutil
+
+  from etils import epath
+
+  from empo2_jax.envs.webshop.env import fixture_dir
+
+  shutil.copytree(fixture_dir(), tmp_path / "bkt" / "webshop")
+
+  def local(p):
+    p = os.fspath(p)
+    return str(tmp_path / p[len("gs://") :]) if p.startswith("gs://") else p
+
+  def glob(fn, pattern):
+    return ["gs://" + os.path.relpath(p, tmp_path) for p in fn(local(pattern))]
+
+  def one(fn, path, *args, **kwargs):
+    return fn(local(path), *args, **kwargs)
+
+  with epath.testing.mock_epath(open=one, glob=glob, exists=one, isdir=one, listdir=one):
+    files = data_lib.resolve_files("gs://bkt/webshop")
+    assert os.fspath(files.products) == "gs://bkt/webshop/items_shuffle.json"
+    remote = data_lib.load_catalog("gs://bkt/webshop")
+  local_catalog = data_lib.load_catalog(fixture_dir())
+  assert remote.goals == local_catalog.goals and remote.prices == local_catalog.prices
