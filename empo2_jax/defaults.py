@@ -128,6 +128,7 @@ def get_config(arg=None):
     checkpoint_every=10,
     keep_checkpoints=3,
     save_episodes=False,
+    profile_iteration=0,  # >0: a jax.profiler trace of that iteration in <workdir>/profile
   )  # save_episodes: TFDS dataset (data/trajectories.py)
   # launch/sft.py: behaviour cloning on gold trajectories of TRAIN variations (train/sft.py),
   # before RL. variations: how many train variations (0: all); steps x batch_rows rows.

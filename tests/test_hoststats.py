@@ -36,3 +36,22 @@ def test_release_host_memory_reports_resident_size():
   total_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
   assert 0.01 < gib < total_gib
   assert abs(gib - vm_rss_kib / 2**20) < 0.5  # /proc/self/status agrees (trim may free a little)
+
+
+def test_profile_iteration_writes_a_trace_of_that_iteration_only(tmp_path):
+  import types
+
+  import ml_collections
+
+  from empo2_jax.train.trainer import Trainer
+
+  fake = types.SimpleNamespace(
+    config=ml_collections.ConfigDict({"train": {"profile_iteration": 2}}), workdir=str(tmp_path)
+  )
+  with Trainer._maybe_profile(fake, 1):
+    jnp.cos(jnp.ones(3)).block_until_ready()
+  assert not (tmp_path / "profile").exists()
+  with Trainer._maybe_profile(fake, 2):
+    jnp.cos(jnp.ones(3)).block_until_ready()
+  traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0

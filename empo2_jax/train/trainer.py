@@ -9,6 +9,7 @@ update, losses and advantages are the pure kernels of empo2_jax.rl.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -387,7 +388,8 @@ class Trainer:
       while self.iteration < total:
         t0 = time.perf_counter()
         compiles0, compile_s0 = CompileCounter.totals()
-        m = self.train_iteration()
+        with self._maybe_profile(self.iteration + 1):
+          m = self.train_iteration()
         self.iteration += 1
         every = c.train.eval_every
         last = self.iteration == total
@@ -420,6 +422,14 @@ class Trainer:
     finally:
       self.close()
     return history
+
+  def _maybe_profile(self, iteration: int):
+    """A jax.profiler trace (TensorBoard / Perfetto) of iteration train.profile_iteration."""
+    if iteration != self.config.train.profile_iteration or jax.process_index() != 0:
+      return contextlib.nullcontext()
+    path = os.path.join(self.workdir, "profile")
+    logging.info("profiling iteration %d into %s", iteration, path)
+    return jax.profiler.trace(path)
 
   def close(self) -> None:
     """Close everything, then raise the first error (CheckpointSaveError: the last async save
