@@ -16,7 +16,10 @@ subprocess. A monitor thread, polling the trainer's process tree (psutil):
   sigterms  SIGTERMs the trainer --sigterms times early in the run (after its first iteration,
             then right after each resume), so iterations 5..N run in one process; the trainer
             checkpoints and exits 0, and the soak reruns the same command, which resumes.
-  memory    samples the trainer's RSS; rss(i) is the peak while iteration i ran.
+  memory    rss(i) is the trainer's resident size after iteration i (host/rss_gib in
+            metrics.jsonl: measured after gc + malloc_trim, so transient compile and batch
+            memory is not counted); the sampled peak while i ran is reported beside it, and the
+            XLA compiles after rss_from (host/compiles) say how much of a growth is new shapes.
 Every process the trainer starts inherits a tag in its environment, which finds orphans at the end.
 
 Checks: every run exits 0; metrics.jsonl holds iterations 1..N exactly once; no tagged process
@@ -391,27 +394,44 @@ def main(argv=None) -> int:
     failures.append(f"{len(monitor.sigterms)} SIGTERMs sent, {len(exits)} runs")
 
   # Memory: both points in one process (the SIGTERMs come before iteration rss_from).
-  pid_a, rss_a = monitor.rss_at(args.rss_from)
-  pid_b, rss_b = monitor.rss_at(args.iterations)
-  growth = None
+  records = {}
+  try:
+    records = {int(r["iteration"]): r for r in read_records(workdir)}
+  except (OSError, ValueError) as e:
+    failures.append(f"metrics.jsonl unreadable: {e!r}")
+  pid_a, peak_a = monitor.rss_at(args.rss_from)
+  pid_b, peak_b = monitor.rss_at(args.iterations)
+  rss_a = records.get(args.rss_from, {}).get("host/rss_gib")
+  rss_b = records.get(args.iterations, {}).get("host/rss_gib")
+  late_compiles = sum(
+    int(records.get(i, {}).get("host/compiles", 0))
+    for i in range(args.rss_from + 1, args.iterations + 1)
+  )
+  growth = peak_growth = None
+  if peak_a and peak_b:
+    peak_growth = peak_b / peak_a - 1
   if rss_a and rss_b:
     growth = rss_b / rss_a - 1
     if abs(growth) > args.rss_tolerance:
       failures.append(
-        f"trainer RSS {rss_a / 2**20:.0f} MiB at iteration {args.rss_from} -> "
-        f"{rss_b / 2**20:.0f} MiB at {args.iterations} ({growth:+.1%})"
+        f"trainer RSS {rss_a * 1024:.0f} MiB after iteration {args.rss_from} -> "
+        f"{rss_b * 1024:.0f} MiB after {args.iterations} ({growth:+.1%}; "
+        f"{late_compiles} XLA compiles in between)"
       )
     if pid_a != pid_b:
       log(f"note: RSS points from two processes ({pid_a}, {pid_b})")
   else:
-    failures.append(f"no RSS sample for iteration {args.rss_from} or {args.iterations}")
+    failures.append(
+      f"no host/rss_gib in metrics.jsonl for iteration {args.rss_from} or {args.iterations}"
+    )
 
   with open(os.path.join(workdir, "rss.jsonl"), "w") as f:
     for it in want:
       pid, peak = monitor.rss_at(it)
-      f.write(
-        json.dumps(dict(iteration=it, pid=pid, peak=peak, end=monitor.rss_end.get(it))) + "\n"
-      )
+      rec = records.get(it, {})
+      row = dict(iteration=it, pid=pid, peak=peak, end=monitor.rss_end.get(it))
+      row.update(rss_gib=rec.get("host/rss_gib"), compiles=rec.get("host/compiles"))
+      f.write(json.dumps(row) + "\n")
 
   # env_failed: only in the iterations of completed bursts, 1..episodes per worker each.
   failed = {}
@@ -440,7 +460,7 @@ def main(argv=None) -> int:
   kinds = {}
   for k in monitor.kills:
     kinds[k["kind"]] = kinds.get(k["kind"], 0) + 1
-  mib = {i: f"{r / 2**20:.0f}" if r else "n/a" for i, r in ((args.rss_from, rss_a), (-1, rss_b))}
+  mib = {i: f"{r * 1024:.0f}" if r else "n/a" for i, r in ((args.rss_from, rss_a), (-1, rss_b))}
   every = max(1, args.iterations // 10)
   trace = " ".join(
     f"{i}:{monitor.rss_at(i)[1] // 2**20}"
@@ -448,15 +468,23 @@ def main(argv=None) -> int:
     if monitor.rss_at(i)[1]
   )
   log(f"trainer peak RSS MiB by iteration (rss.jsonl has all): {trace}")
+  trimmed = " ".join(
+    f"{i}:{records[i]['host/rss_gib'] * 1024:.0f}/{records[i].get('host/compiles', 0)}"
+    for i in range(1, args.iterations + 1)
+    if "host/rss_gib" in records.get(i, {})
+  )
+  log(f"trainer RSS MiB after each iteration / XLA compiles in it: {trimmed}")
   log(
     f"kills by kind {kinds}; bursts in iterations {[b['iteration'] for b in monitor.bursts]}; "
     f"trainer RSS MiB: iteration {args.rss_from} {mib[args.rss_from]} (pid {pid_a}), "
     f"iteration {args.iterations} {mib[-1]} (pid {pid_b}); runs exit {exits}"
   )
   growth_s = f"{growth:+.1%}" if growth is not None else "n/a"
+  peak_s = f"{peak_growth:+.1%}" if peak_growth is not None else "n/a"
   print(
     f"soak iterations={len(set(iterations))} kills={len(monitor.kills)} "
     f"sigterms={len(monitor.sigterms)} orphans={len(orphans)} rss_growth={growth_s} "
+    f"peak_rss_growth={peak_s} compiles_after_{args.rss_from}={late_compiles} "
     f"env_failed={total_failed} (expected {expected})",
     flush=True,
   )
