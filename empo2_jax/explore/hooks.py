@@ -195,7 +195,7 @@ class Explorer:
           _score_text(e.score, self.score_out_of),
           unmet,
           met,
-          e.executed,
+          [a for a in e.executed if a.strip()],  # turns that named no action executed nothing
           cfg.max_actions_shown,
         )
       )
