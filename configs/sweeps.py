@@ -48,9 +48,10 @@ TABLE1_METHODS = ("naive", "reflexion", "grpo", "gigpo", "empo2", "retrospex")
 TABLE1_CPU_TASKS = ("find-animal", "power-component")
 # The CPU version: the embedded SmolLM2-135M (configs/sciworld.py:cpu: 2 rows x 2 rollouts,
 # 4 steps, 2 test variations x 1), one training iteration, the evaluation by launch/eval.py.
+# Full remat: without it the update of the cpu config peaked near 9 GB here.
 TABLE1_CPU_TRAIN = (
   "--config.train.iterations=1 --config.train.eval_every=0 --config.train.eval_at_end=False "
-  "--config.train.checkpoint_every=1"
+  "--config.train.checkpoint_every=1 --config.model.remat=full"
 )
 TABLE1_CPU_REFLEXION = "--trials=3 --reflections=3 --reflection_tokens=48"
 TABLE1_CPU_RETROSPEX = "--steps=200 --batch=32"
