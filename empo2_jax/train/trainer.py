@@ -213,6 +213,11 @@ class Trainer:
     u = float(jax.random.uniform(key))
     return draw_mode(u, self.config.empo2.p_memory, self.config.empo2.q_offpolicy)
 
+  def _memory_read(self) -> bool:
+    """Whether anything of this run reads the tip memory."""
+    e, t = self.config.empo2, self.config.train
+    return e.p_memory > 0 or e.force_mode in ("on_tips", "off") or t.eval_with_memory
+
   def train_iteration(self) -> dict:
     c, it = self.config, self.iteration
     key = jax.random.fold_in(self.rng, it)
@@ -233,7 +238,9 @@ class Trainer:
       temperature=c.rollout.temperature,
       rng=k_roll,
       mode=mode,
-      reflect=True,
+      # Tips are written only when something reads them: a run without memory rollouts (GRPO,
+      # p_memory = 0) and without evaluation with memory skips the tip sampling.
+      reflect=self._memory_read(),
       iteration=it,
       notes=self.explorer.train_notes(specs, it),
       sampler=self.explorer.train_sampler(),
