@@ -88,14 +88,14 @@ def table1_commands(
 ) -> list[str]:
   """Every command of table1, in run order (see above), the table last. `extra` is added to every
   run's command line (default for the full version: the Qwen2.5-7B-Instruct directory as the
-  shell variable $QWEN)."""
+  shell variable $QWEN; for the CPU version: one env worker)."""
   import os
 
   from empo2_jax.train import methods
 
   tasks = tuple(tasks or (TABLE1_CPU_TASKS if cpu else _paper_tasks()))
-  if extra is None:
-    extra = "" if cpu else '--config.model.checkpoint="$QWEN"'
+  if extra is None:  # CPU: one env worker (one JVM), to fit beside other jobs on a shared machine
+    extra = "--config.env.workers=1" if cpu else '--config.model.checkpoint="$QWEN"'
   lines = []
   for task in tasks:
     spec = config or f"configs/sciworld.py:{'cpu,' if cpu else ''}task={task}"
