@@ -201,4 +201,4 @@ def test_eval_tables_and_plots_in_gs(bucket):
 
 
 def plot_names():
-  return ["returns.png", "entropy.png", "time_per_phase.png", "comparison.png"]
+  return ["returns.png", "entropy.png", "time_per_phase.png", "comparison.png", "exploration.png"]
