@@ -5,7 +5,9 @@
            temperature-correct log-probs, strategy reflection
   herl.py  hindsight experience: guidance from the best failed episode's unmet goals, the guided
            re-rollout injected into its group, the bonus and the HE token weight
-  spa.py   self-play world-model SFT data (<observation>/<prediction> with the true states), Pass@k
+  spa.py   self-play world-model SFT data (<observation>/<prediction> with the true states), Pass@k;
+           spa_run.py runs its collection and SFT stages (launch/spa.py)
+  config.py  the config sections (rnd, sge, herl, spa) and their checks
 
 Each module keeps its math and text in pure functions (tested against numpy / hand-computed
 values); the trainer and the actor call them through small hooks (explore/hooks.py).
