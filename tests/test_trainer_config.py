@@ -115,3 +115,35 @@ def test_config_checks_fail_at_once(field, value, match):
   c[section][key] = value
   with pytest.raises(ConfigError, match=match):
     check_config(c)
+
+
+@pytest.mark.parametrize(
+  "spec, match",
+  [
+    ("configs/sciworld.py:cpu,fast", r"unknown sciworld config arguments \['fast'\]; valid: cpu, "),
+    ("configs/sciworld.py:task", r"'task' needs a value, e\.g\. task=<name>"),
+    ("configs/frozenlake.py:cpu,slippy", r"valid: cpu, tiny, coords, deterministic"),
+    ("configs/sokoban.py:deterministic", r"unknown sokoban config arguments \['deterministic'\]"),
+  ],
+)
+def test_config_file_argument_typos_name_the_valid_ones(spec, match):
+  from empo2_jax.defaults import load_config
+
+  with pytest.raises(ValueError, match=match):
+    load_config(spec)
+
+
+def test_config_file_arguments_parse_flags_and_values():
+  from empo2_jax.defaults import load_config, parse_args
+
+  assert parse_args("x", " cpu, task=find-plant ,", ("cpu",), ("task",)) == {
+    "cpu": True,
+    "task": "find-plant",
+  }
+  assert parse_args("x", None, ("cpu",)) == {}
+  c = load_config("configs/sciworld.py:task=find-plant,cpu")
+  assert (c.env.task, c.model.checkpoint, c.optim.minibatch_size) == (
+    "find-plant",
+    "embedded:smollm2-135m-instruct",
+    4,
+  )
