@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 from gymnasium.utils import seeding
 
-from empo2_jax.envs import puzzles, registry
+from empo2_jax.envs import puzzles
 from empo2_jax.envs.puzzles import Game, PuzzleConfig, PuzzleEnv
 
 TASK = "frozenlake"
@@ -170,22 +170,7 @@ class FrozenLakeEnv(PuzzleEnv):
     return "\n".join(lines)
 
 
-def env_config(c) -> FrozenLakeConfig:
-  kw = puzzles.env_fields(c, *puzzles.COMMON_FIELDS, "size", "p", "slippery", "map_generator")
-  if c.env.max_steps:
-    kw["max_turns"] = c.env.max_steps
-  return FrozenLakeConfig(**kw)
-
-
-SUITE = registry.register(
-  registry.EnvSuite(
-    name="frozenlake",
-    tasks=(TASK,),
-    env_config=env_config,
-    worker=lambda cfg: puzzles.PuzzleWorkers(FrozenLakeEnv, cfg, name="frozenlake"),
-    local_env=FrozenLakeEnv,
-    materials=puzzles.materials,
-    prompts=puzzles.PROMPTS,
-    check_config=env_config,  # a bad field raises ValueError naming the valid values
-  )
+SUITE = puzzles.register_suite(
+  FrozenLakeEnv, FrozenLakeConfig, "size", "p", "slippery", "map_generator"
 )
+env_config = SUITE.env_config

@@ -34,6 +34,7 @@ import re
 from typing import Callable, Hashable, Iterable, Sequence
 
 from empo2_jax.agent import prompts
+from empo2_jax.envs import registry
 from empo2_jax.envs.actions import printable_text
 from empo2_jax.envs.base import ResetInfo, ResetResult, Split, StepInfo, StepResult, check_split
 from empo2_jax.envs.fewshot import GoldTrajectory, format_trajectory
@@ -422,10 +423,26 @@ COMMON_FIELDS = (
 )
 
 
-def check_env_config(make_config: Callable) -> Callable:
-  """A suite's check_config: building the env config raises ValueError on a bad field."""
+def register_suite(env_cls: type, config_cls: type, *fields: str):
+  """Registers a puzzle env (a PuzzleEnv subclass with its `task`) as an env suite: its config
+  comes from config.env's COMMON_FIELDS and `fields` (env.max_steps, when set, is the turn
+  limit); building it raises ValueError on a bad field, which is the suite's config check."""
 
-  def check(c) -> None:
-    make_config(c)
+  def env_config(c):
+    kw = env_fields(c, *COMMON_FIELDS, *fields)
+    if c.env.max_steps:
+      kw["max_turns"] = c.env.max_steps
+    return config_cls(**kw)
 
-  return check
+  return registry.register(
+    registry.EnvSuite(
+      name=env_cls.task,
+      tasks=(env_cls.task,),
+      env_config=env_config,
+      worker=lambda cfg: PuzzleWorkers(env_cls, cfg, name=env_cls.task),
+      local_env=env_cls,
+      materials=materials,
+      prompts=PROMPTS,
+      check_config=env_config,
+    )
+  )

@@ -36,7 +36,7 @@ import dataclasses
 
 import numpy as np
 
-from empo2_jax.envs import puzzles, registry
+from empo2_jax.envs import puzzles
 from empo2_jax.envs.puzzles import Game, PuzzleConfig, PuzzleEnv
 
 TASK = "sokoban"
@@ -292,24 +292,7 @@ class SokobanEnv(PuzzleEnv):
     return "\n".join(lines)
 
 
-def env_config(c) -> SokobanConfig:
-  kw = puzzles.env_fields(
-    c, *puzzles.COMMON_FIELDS, "dim", "num_boxes", "search_depth", "num_gen_steps", "max_env_steps"
-  )
-  if c.env.max_steps:
-    kw["max_turns"] = c.env.max_steps
-  return SokobanConfig(**kw)
-
-
-SUITE = registry.register(
-  registry.EnvSuite(
-    name="sokoban",
-    tasks=(TASK,),
-    env_config=env_config,
-    worker=lambda cfg: puzzles.PuzzleWorkers(SokobanEnv, cfg, name="sokoban"),
-    local_env=SokobanEnv,
-    materials=puzzles.materials,
-    prompts=puzzles.PROMPTS,
-    check_config=env_config,
-  )
+SUITE = puzzles.register_suite(
+  SokobanEnv, SokobanConfig, "dim", "num_boxes", "search_depth", "num_gen_steps", "max_env_steps"
 )
+env_config = SUITE.env_config
