@@ -149,6 +149,10 @@ def get_sweep(arg: str) -> list[dict]:
       product(sweep("empo2.p_memory", [0.0, 0.5]), sweep("empo2.q_offpolicy", [0.0, 1.0])),
       train__iterations=2,
     ),
+    # two of them, GRPO and EMPO2 (the real sweep-then-plot test)
+    "tiny2": lambda: fixed(
+      sweep("empo2.p_memory", [0.0, 0.5]), empo2__q_offpolicy=0.5, train__iterations=2
+    ),
     # issue 19: the exploration methods side by side on one environment (the config given to
     # launch/sweep.py, e.g. configs/frozenlake.py:cpu) with the same budget (iterations, rows,
     # group size, evaluation); SPA adds its self-play collection and SFT before its RL

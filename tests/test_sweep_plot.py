@@ -117,11 +117,11 @@ def test_plot_four_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_tiny4_sweep_then_plot(tmp_path):
-  """launch/sweep.py really runs the four tiny runs (one launch/train.py subprocess each, real
+def test_real_tiny2_sweep_then_plot(tmp_path):
+  """launch/sweep.py really runs two tiny runs (one launch/train.py subprocess each, real
   ScienceWorld, 2 iterations), then launch/plot.py compares them. Cheap env/rollout overrides go on
   the sweep's command line, which passes them to every run."""
-  root, out = tmp_path / "tiny4", tmp_path / "plots"
+  root, out = tmp_path / "tiny2", tmp_path / "plots"
   cheap = [
     "--config.env.max_steps=1",
     "--config.rollout.rows_per_iter=1",
@@ -136,7 +136,7 @@ def test_real_tiny4_sweep_then_plot(tmp_path):
       sys.executable,
       os.path.join(ROOT, "launch", "sweep.py"),
       f"--config={CONFIG}",
-      f"--sweep={SWEEPS}:tiny4",
+      f"--sweep={SWEEPS}:tiny2",
       f"--workdir={root}",
       *cheap,
     ],
@@ -147,12 +147,12 @@ def test_real_tiny4_sweep_then_plot(tmp_path):
   )
   assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
   runs = json.loads((root / "sweep.json").read_text())
-  assert len(runs) == 4
+  assert len(runs) == 2
   names = sorted(d.name for d in root.iterdir() if d.is_dir())
-  assert names == sorted(r["name"] for r in runs) and len(names) == 4
+  assert names == sorted(r["name"] for r in runs) and len(names) == 2
   for r in runs:
     recs = plot.read_run(r["workdir"])
-    assert [x["iteration"] for x in recs] == [1, 2], r["name"]  # tiny4 sets train.iterations=2
+    assert [x["iteration"] for x in recs] == [1, 2], r["name"]  # tiny2 sets train.iterations=2
     assert all(x["episode_steps"] == 1.0 for x in recs)  # the cheap overrides reached it
     assert all(np.isfinite(x["return_mean"]) and np.isfinite(x["loss/entropy"]) for x in recs)
     if r["overrides"]["empo2.p_memory"] == 0.0:  # no memory: GRPO, on-policy only
