@@ -131,9 +131,9 @@ def plot_passk(ax, runs, window):
     ax.legend(fontsize=6)
     # the runs' whole iteration range, as in the other panels (evaluations may be at one iteration)
     its = [r["iteration"] for recs in runs.values() for r in recs if "iteration" in r]
-    ax.set_xlim(
-      min(its) - 0.1 * (max(its) - min(its) + 1), max(its) + 0.1 * (max(its) - min(its) + 1)
-    )
+    lo, hi = min(its), max(its)
+    pad = 0.1 * (hi - lo + 1)
+    ax.set_xlim(lo - pad, hi + pad)
   else:
     ax.text(0.5, 0.5, "no eval/pass@k in these runs", ha="center", va="center",
             transform=ax.transAxes)  # fmt: skip
