@@ -1,11 +1,16 @@
-"""WebShop through the registry and the trainer: configs/webshop.py and one tiny training iteration
-end to end (pool workers, prompts, rewards, memories). launch/train.py itself is exercised by the
-sweep and resume tests; the README's WebShop cpu run is its end-to-end check with this config."""
+"""WebShop through the registry and the trainer: configs/webshop.py, one tiny training iteration end
+to end (pool workers, prompts, rewards, memories), and `launch/train.py` on the tiny config."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from configs import webshop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_configs_and_their_checks():
@@ -64,3 +69,25 @@ def test_webshop_tiny_trains_one_iteration(tmp_path):
     assert np.isfinite(m["return_mean"]) and m["samples"] > 0
   finally:
     trainer.close()
+
+
+@pytest.mark.slow
+def test_launch_train_runs_the_tiny_config(tmp_path):
+  workdir = tmp_path / "ws_tiny"
+  out = subprocess.run(
+    [
+      sys.executable,
+      "launch/train.py",
+      "--config=configs/webshop.py:tiny",
+      f"--workdir={workdir}",
+      "--config.train.iterations=1",
+      "--no_progress",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "done iterations=1" in out.stdout + out.stderr
+  assert (workdir / "metrics.jsonl").exists() or any(workdir.iterdir())
