@@ -277,3 +277,23 @@ def test_packed_rows_split_by_turn_count_never_leave_an_empty_minibatch():
     assert sum(lay["sizes"]) == 8 and int(out["slot_steps"].sum()) == k
     real = out["sample_index"][(out["sample_index"] >= 0).any(axis=1)]
     assert sorted(real[real >= 0].tolist()) == sorted(index[index >= 0].tolist())
+
+
+def test_packed_slots_are_powers_of_two_so_row_counts_share_one_shape():
+  """Largest groups of 3 and 4 rows give one slot size (4), and 5..8 rows the next (8), with
+  micro_rows 1; with micro_rows 2 the sizes are 2 x a power of two. Every row lands once."""
+  seen = {}
+  for micro in (1, 2):
+    for rows in range(2, 17):
+      index = np.full((rows, 2), -1, np.int32)
+      index[:, 0] = np.arange(rows)  # one turn a row
+      batch = {"sample_index": index, "advantages": np.ones((rows, 2), np.float32)}
+      cfg = UpdateConfig(minibatch_size=rows, micro_rows=micro)  # one mini-batch of every row
+      out, lay = minibatch.arrange(batch, cfg, seed=rows)
+      units = lay["slot_rows"] // micro
+      assert lay["slot_rows"] % micro == 0 and units & (units - 1) == 0, (micro, rows, lay)
+      assert lay["slot_rows"] >= rows and lay["slot_rows"] < 2 * max(rows, micro)
+      got = out["sample_index"][:, 0]
+      assert sorted(got[got >= 0].tolist()) == list(range(rows))
+      seen.setdefault(micro, set()).add(lay["rows"])
+  assert seen == {1: {2, 4, 8, 16}, 2: {2, 4, 8, 16}}

@@ -34,6 +34,10 @@ import numpy as np
 from empo2_jax.rl.batch import bucket_size
 
 SHUFFLE_STREAM = 0x6D62  # keeps this permutation's stream apart from other (seed, n) streams
+# Packed slots are sized in powers of two (x micro_rows): padding rows cost the update no compute,
+# while every distinct row count is another compile of the update (minutes for a 7B model on a pod;
+# on the CPU backend each executable also keeps 10-40 MB of host memory for the process lifetime).
+PACKED_SLOT_GROWTH = 2.0
 
 
 def plan(n_samples: int, minibatch_size: int, bucket_growth: float = 1.25) -> tuple[int, int]:
@@ -65,7 +69,8 @@ def arrange(
   still counted in turn samples: the shuffled rows are cut where the running turn count crosses
   multiples of N / K, so each mini-batch holds about minibatch_size turns (at most T - 1 more;
   when a long row spans a cut, fewer than K mini-batches result and num_minibatches says so);
-  the slot size is the largest group's row count, bucketed. The output also carries
+  the slot size is the largest group's row count, bucketed to micro_rows x a power of two
+  (PACKED_SLOT_GROWTH: padding rows are free, new shapes are not). The output also carries
   `slot_steps` [S] int32 (1: the slot takes an optimizer step), whose length tells the update S.
   """
   index = np.asarray(batch["sample_index"])
@@ -84,7 +89,7 @@ def arrange(
     # A row holds several turns, so a cut can skip a group: those steps are not taken.
     sizes = [int(z) for z in np.bincount(group, minlength=k) if z] if len(real) else []
     k = len(sizes)
-    slot_rows = bucket_size(max(sizes, default=1), micro, bucket_growth)
+    slot_rows = bucket_size(max(sizes, default=1), micro, PACKED_SLOT_GROWTH)
   rows = slots * slot_rows
   n_chunks = rows // micro
 
