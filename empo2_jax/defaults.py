@@ -123,6 +123,7 @@ def get_config(arg=None):
     eval_every=20,
     eval_temperature=0.4,
     eval_repeats=4,
+    eval_batch=0,  # episodes sampled at once in an evaluation; 0: rows_per_iter x group_size
     eval_with_memory=False,
     eval_at_end=True,
     checkpoint_every=10,

@@ -23,3 +23,59 @@ def test_summary_and_tables():
   assert [r["task"] for r in back] == ["find-animal", "power-component", "average"]
   with pytest.raises(ValueError, match="no episodes"):
     evaluate.summarize("x", "y", [], [])
+
+
+def _fake_trainer(test_rows, repeats, eval_batch, rows_per_iter=2, group_size=2):
+  """What Trainer.eval_episodes reads, with an actor that records each rollout call."""
+  import types
+
+  import jax
+  from configs import sciworld
+
+  c = sciworld.get_config("tiny")
+  c.train.eval_repeats, c.train.eval_batch = repeats, eval_batch
+  c.rollout.rows_per_iter, c.rollout.group_size = rows_per_iter, group_size
+  calls = []
+
+  def rollout(params, model_config, specs, *, rng, notes, **kw):
+    calls.append((list(specs), np.asarray(jax.random.key_data(rng)), kw))
+    return [types.SimpleNamespace(spec=s) for s in specs]
+
+  fake = types.SimpleNamespace(
+    config=c,
+    test_rows=list(test_rows),
+    rng=jax.random.PRNGKey(7),
+    iteration=3,
+    actor=types.SimpleNamespace(rollout=rollout),
+    explorer=types.SimpleNamespace(eval_notes=lambda specs: None),
+    _sampling_params=lambda: "params",
+    model_config="model",
+  )
+  return fake, calls
+
+
+def test_evaluation_samples_at_most_eval_batch_episodes_at_once():
+  import jax
+  from empo2_jax.train.trainer import Trainer
+
+  fake, calls = _fake_trainer(test_rows=[5, 9, 11], repeats=3, eval_batch=4)
+  episodes = Trainer.eval_episodes(fake, with_memory=False)
+  want = [(fake.config.env.task, v, g) for g, v in enumerate([5, 9, 11]) for _ in range(3)]
+  assert [e.spec for e in episodes] == want  # every episode once, in spec order
+  assert [len(specs) for specs, _, _ in calls] == [4, 4, 1]
+  base = jax.random.fold_in(jax.random.PRNGKey(7), 10_000_000 + 3)
+  keys = [jax.random.key_data(base)] + [
+    jax.random.key_data(jax.random.fold_in(base, k)) for k in (1, 2)
+  ]
+  for (_, got, kw), key in zip(calls, keys):
+    np.testing.assert_array_equal(got, np.asarray(key))
+    assert kw["mode"] == "eval" and kw["use_memory"] is False and kw["reflect"] is False
+  assert len({bytes(got) for _, got, _ in calls}) == 3  # each part draws its own keys
+
+  # 0: a training rollout's rows x group (2 x 2); an evaluation that fits is one call with the
+  # iteration's key, as before the split.
+  fake, calls = _fake_trainer(test_rows=[1, 2], repeats=2, eval_batch=0)
+  assert len(Trainer.eval_episodes(fake, with_memory=True)) == 4
+  assert [len(s) for s, _, _ in calls] == [4]
+  np.testing.assert_array_equal(calls[0][1], np.asarray(keys[0]))
+  assert calls[0][2]["use_memory"] is True

@@ -55,6 +55,11 @@ def check_config(c) -> None:
   env_suite = suite(c)  # an unknown env.name names the valid ones
   if c.env.workers < 0:
     raise ConfigError(f"env.workers={c.env.workers}; pass a pool size >= 1, or 0 for one per CPU")
+  if c.train.eval_batch < 0:
+    raise ConfigError(
+      f"train.eval_batch={c.train.eval_batch}; pass the episodes to sample at once (>= 1), "
+      "or 0 for a training rollout's rows_per_iter x group_size"
+    )
   if c.rollout.group_size < 2:
     raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
   for name in ("p_memory", "q_offpolicy"):

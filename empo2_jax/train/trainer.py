@@ -349,17 +349,27 @@ class Trainer:
     specs = [
       (c.env.task, v, g) for g, v in enumerate(self.test_rows) for _ in range(c.train.eval_repeats)
     ]
-    return self.actor.rollout(
-      self._sampling_params(),
-      self.model_config,
-      specs,
-      use_memory=with_memory,
-      temperature=c.train.eval_temperature,
-      rng=jax.random.fold_in(self.rng, 10_000_000 + self.iteration),
-      mode="eval",
-      reflect=False,
-      notes=self.explorer.eval_notes(specs),
-    )
+    notes = self.explorer.eval_notes(specs)
+    rng = jax.random.fold_in(self.rng, 10_000_000 + self.iteration)
+    # At most eval_batch episodes at once (0: a training rollout's rows x group), so evaluating
+    # many test variations never needs more sampler memory (KV cache) than training does. The
+    # first part draws with `rng` itself: an evaluation that fits in one part is unchanged.
+    size = c.train.eval_batch or c.rollout.rows_per_iter * c.rollout.group_size
+    episodes = []
+    for k, start in enumerate(range(0, len(specs), size)):
+      part = slice(start, start + size)
+      episodes += self.actor.rollout(
+        self._sampling_params(),
+        self.model_config,
+        specs[part],
+        use_memory=with_memory,
+        temperature=c.train.eval_temperature,
+        rng=rng if k == 0 else jax.random.fold_in(rng, k),
+        mode="eval",
+        reflect=False,
+        notes=None if notes is None else notes[part],
+      )
+    return episodes
 
   def evaluate(self, with_memory: bool = False) -> dict:
     t0 = time.perf_counter()
