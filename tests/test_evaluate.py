@@ -35,9 +35,10 @@ def _fake_trainer(test_rows, repeats, eval_batch, rows_per_iter=2, group_size=2)
   c = sciworld.get_config("tiny")
   c.train.eval_repeats, c.train.eval_batch = repeats, eval_batch
   c.rollout.rows_per_iter, c.rollout.group_size = rows_per_iter, group_size
-  calls = []
+  calls, copies = [], []
 
   def rollout(params, model_config, specs, *, rng, notes, **kw):
+    assert params == ("params", 1)  # the one copy of the weights, for every part
     calls.append((list(specs), np.asarray(jax.random.key_data(rng)), kw))
     return [types.SimpleNamespace(spec=s) for s in specs]
 
@@ -48,7 +49,7 @@ def _fake_trainer(test_rows, repeats, eval_batch, rows_per_iter=2, group_size=2)
     iteration=3,
     actor=types.SimpleNamespace(rollout=rollout),
     explorer=types.SimpleNamespace(eval_notes=lambda specs: None),
-    _sampling_params=lambda: "params",
+    _sampling_params=lambda: copies.append(1) or ("params", len(copies)),
     model_config="model",
   )
   return fake, calls

@@ -355,11 +355,12 @@ class Trainer:
     # many test variations never needs more sampler memory (KV cache) than training does. The
     # first part draws with `rng` itself: an evaluation that fits in one part is unchanged.
     size = c.train.eval_batch or c.rollout.rows_per_iter * c.rollout.group_size
+    params = self._sampling_params()  # multi-host: one copy for every part
     episodes = []
     for k, start in enumerate(range(0, len(specs), size)):
       part = slice(start, start + size)
       episodes += self.actor.rollout(
-        self._sampling_params(),
+        params,
         self.model_config,
         specs[part],
         use_memory=with_memory,
