@@ -64,15 +64,24 @@ def test_hidden_states_project_to_logits(hf_tiny):
   np.testing.assert_allclose(np.asarray(proj), np.asarray(logits), atol=1e-5)
 
 
-def test_kv_cache_chunks_match_full_forward(hf_tiny):
-  """Prefill in two uneven chunks (rows of different lengths) == one full forward."""
+@pytest.mark.parametrize(
+  "block,scan", [(256, True), (8, True), (5, True), (5, False)], ids=["one", "8", "5", "5loop"]
+)
+def test_kv_cache_chunks_match_full_forward(hf_tiny, block, scan):
+  """Prefill in two uneven chunks (rows of different lengths) == one full forward, whether the
+  cache is read in one block or several (5: 32 slots leave an overlapping last block). With
+  several blocks, the slots past the furthest query's block hold NaN: they must never be read."""
   path, _ = hf_tiny
   config, params = hf.load_checkpoint(path)
   rng = np.random.default_rng(5)
   lens = np.array([20, 13])
   tokens = rng.integers(0, config.vocab_size, size=(2, 20)).astype(np.int32)
   full = np.asarray(qwen2.forward(params, config, tokens, np.ones_like(tokens)))
+  config = config.replace(cache_block=block, scan_layers=scan)
   cache = qwen2.init_cache(config, 2, 32, dtype=jnp.float32)
+  if block < 32:  # the furthest query is slot 19: blocks of 5 end at slot 19, blocks of 8 at 23
+    far = 20 if block == 5 else 24
+    cache = {k: v if k == "mask" else v.at[:, :, :, far:].set(jnp.nan) for k, v in cache.items()}
   index = np.zeros(2, np.int32)
   outs = [[], []]
   for chunk in ([7, 5], [13, 8]):  # tokens per row in each call

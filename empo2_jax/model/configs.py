@@ -71,6 +71,10 @@ class Qwen2Config:
   # attending only to the keys up to its block's end (the causal mask disallows the rest), which
   # skips ~half the score matrix's flops and memory traffic. 0: one block (the full matrix).
   attention_block: int = 1024
+  # Cached (sampler) forward: keys are read from the cache in blocks of this many slots with an
+  # online softmax, and only the blocks below the furthest query's slot are read, so a decode step
+  # costs the filled part of the cache, not its allocated length.
+  cache_block: int = 256
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -86,6 +90,8 @@ class Qwen2Config:
       raise ValueError(f"remat={self.remat!r}; valid: {REMAT_POLICIES}")
     if self.attention_block < 0:
       raise ValueError(f"attention_block={self.attention_block} must be >= 0 (0: no blocking)")
+    if self.cache_block < 1:
+      raise ValueError(f"cache_block={self.cache_block} must be >= 1")
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise TypeError(f"rope_scaling={self.rope_scaling!r}; pass a configs.RopeScaling or None")
     if isinstance(self.eos_token_id, list):  # keep the config hashable (a jit static argument)

@@ -18,11 +18,14 @@ positions;
 softmax in float32; Llama 3 frequency scaling (config.rope_scaling) applied to the float32
 inverse frequencies as transformers does.
 
-KV cache (for the sampler): a dict with k, v [L, B, S, K, hd] and mask [B, S] (1 where a slot holds
+KV cache (for the sampler): a dict with k, v [L, B, K, S, hd] and mask [B, S] (1 where a slot holds
 a real token). `forward(..., cache=cache, cache_index=idx)` writes the new tokens' keys/values into
 slots idx[b] .. idx[b]+T-1 of row b and attends over all valid slots at or before each query's slot.
 The caller guarantees idx[b] + T <= S; padded new tokens (attention_mask 0) are written but marked
-invalid, so the next write can start at idx[b] + (number of real tokens).
+invalid, so the next write can start at idx[b] + (number of real tokens). Heads come before slots
+so that a layer's attention reads each row's keys of one head as one contiguous [S, hd] matrix
+(no transpose per decode step); keys are read in `config.cache_block`-slot blocks, and only the
+blocks below max(idx) + T, so a step costs the filled part of the cache (`_attend_cached`).
 """
 
 from __future__ import annotations
@@ -87,8 +90,13 @@ def init_params(config: Qwen2Config, rng: jax.Array, std: float = 0.02) -> Param
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def cache_shape(config: Qwen2Config, batch: int, length: int) -> tuple[int, ...]:
+  """Shape of the cache's k and v: [L, B, K, S, hd]."""
+  return (config.num_layers, batch, config.num_kv_heads, length, config.head_dim)
+
+
 def init_cache(config: Qwen2Config, batch: int, length: int, dtype=jnp.bfloat16) -> Params:
-  shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
+  shape = cache_shape(config, batch, length)
   return {
     "k": jnp.zeros(shape, dtype),
     "v": jnp.zeros(shape, dtype),
@@ -187,10 +195,66 @@ def _write_rows(buf: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   return jax.vmap(one)(buf, new, index)
 
 
-def decoder_layer(
-  config: Qwen2Config, x, layer, cos, sin, allowed, kv_cache=None, cache_index=None
-):
-  """One pre-norm decoder block. Returns (x, (k, v)) where k/v are the cache rows if given."""
+def _write_cache(buf: jax.Array, layer, new: jax.Array, index: jax.Array, rows=None) -> jax.Array:
+  """buf [L, B', K, S, hd] <- new [B, T, K, hd] at layer `layer`, cache row rows[b] (default b),
+  slots index[b] + t, in place (a scatter into the whole buffer: no slice is copied out)."""
+  b, t = new.shape[:2]
+  rows = (jnp.arange(b) if rows is None else rows)[:, None]
+  slots = index[:, None] + jnp.arange(t)[None, :]
+  return buf.at[layer, rows, :, slots].set(new.astype(buf.dtype))
+
+
+def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int):
+  """Attention of q [B, T, H, hd] over layer `layer` of the cache k/v_all [L, B', K, S, hd], row
+  b of the batch reading cache row rows[b] (None: row b).
+
+  Query (b, t) sees slot s when s <= q_slot[b, t] and mask[b, s] > 0, as `_attend` with that
+  `allowed`. Keys are read `block` slots at a time with an online softmax (running max, sum and
+  weighted values in float32), and the loop stops after the block holding max(q_slot): slots past
+  every query are never read. A query that sees no slot gets zeros. Returns [B, T, H*hd].
+  """
+  b, t, h, hd = q.shape
+  _, b_all, kv_heads, s, _ = k_all.shape
+  g = h // kv_heads
+  sb = min(block, s)
+  q = q.reshape(b, t, kv_heads, g, hd).astype(dtype)
+  n_blocks = (jnp.max(q_slot) + sb) // sb  # blocks [0, n_blocks) cover slots 0..max(q_slot)
+
+  def body(carry):
+    j, m, norm, acc = carry
+    start = jnp.minimum(j * sb, s - sb)  # the last block may overlap its predecessor ...
+    kb = jax.lax.dynamic_slice(k_all, (layer, 0, 0, start, 0), (1, b_all, kv_heads, sb, hd))[0]
+    vb = jax.lax.dynamic_slice(v_all, (layer, 0, 0, start, 0), (1, b_all, kv_heads, sb, hd))[0]
+    if rows is not None:  # a block of every row is small; then keep the batch's rows
+      kb, vb = kb[rows], vb[rows]
+    mb = jax.lax.dynamic_slice(mask, (0, start), (b, sb))
+    slot = start + jnp.arange(sb)
+    ok = (
+      (slot[None, None, :] <= q_slot[:, :, None])
+      & (mb[:, None, :] > 0)
+      & (slot >= j * sb)[None, None, :]  # ... whose slots it does not count twice
+    )[:, None, None]  # [B, 1, 1, T, sb]
+    sc = jnp.einsum("btkgd,bksd->bkgts", q, kb.astype(dtype)).astype(jnp.float32) * (hd**-0.5)
+    m_new = jnp.maximum(m, jnp.max(jnp.where(ok, sc, NEG_INF), axis=-1))
+    p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
+    scale = jnp.exp(m - m_new)
+    pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(dtype), vb.astype(dtype))
+    return j + 1, m_new, norm * scale + p.sum(-1), acc * scale[..., None] + pv.astype(jnp.float32)
+
+  init = (
+    jnp.int32(0),
+    jnp.full((b, kv_heads, g, t), NEG_INF, jnp.float32),
+    jnp.zeros((b, kv_heads, g, t), jnp.float32),
+    jnp.zeros((b, kv_heads, g, t, hd), jnp.float32),
+  )
+  _, _, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
+  out = acc / jnp.where(norm > 0, norm, 1.0)[..., None]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd).astype(dtype)
+
+
+def decoder_layer(config: Qwen2Config, x, layer, cos, sin, attend):
+  """One pre-norm decoder block. `attend(q, k, v) -> (out [B, T, H*hd], aux)` does the attention
+  (and any cache write); returns (x, aux)."""
   c, dt = config, config.jnp_compute_dtype
   b, t, _ = x.shape
 
@@ -205,22 +269,13 @@ def decoder_layer(
   k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
   v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-  if kv_cache is not None:
-    k_all = _write_rows(kv_cache[0], k, cache_index)
-    v_all = _write_rows(kv_cache[1], v, cache_index)
-    new_kv = (k_all, v_all)
-  else:
-    k_all, v_all, new_kv = k, v, None
-  if kv_cache is None:
-    attn = _attend_causal(q, k_all, v_all, allowed, dt, c.attention_block)
-  else:
-    attn = _attend(q, k_all, v_all, allowed, dt)
+  attn, aux = attend(q, k, v)
   x = x + attn @ w("wo")
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
   mlp = jax.nn.silu(h @ w("w_gate")) * (h @ w("w_up"))
   x = x + mlp @ w("w_down")
-  return x, new_kv
+  return x, aux
 
 
 def _remat(fn, policy: str):
@@ -253,10 +308,13 @@ def forward(
   return_hidden: bool = False,
   cache: Optional[Params] = None,
   cache_index: Optional[jax.Array] = None,
+  cache_rows: Optional[jax.Array] = None,
 ):
   """tokens/attention_mask int32 [B, T] -> logits [B, T, V] float32 (or hidden [B, T, D]).
 
   With `cache`, returns (out, new_cache); see the module docstring for the cache contract.
+  cache_rows [B] int32 (distinct): the cache rows the batch's rows extend (default: row b is
+  cache row b); the cache may hold more rows, which stay untouched.
   """
   c, dt = config, config.jnp_compute_dtype
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -272,50 +330,51 @@ def forward(
   if cache is None:
     causal = jnp.tril(jnp.ones((t, t), bool))
     allowed = causal[None] & (attention_mask[:, None, :] > 0)
-    new_mask = None
+
+    def body(x, layer):
+      def attend(q, k, v):
+        return _attend_causal(q, k, v, allowed, dt, c.attention_block), None
+
+      return decoder_layer(c, x, layer, cos, sin, attend)[0], None
+
+    body = _remat(body, c.remat)
+    if c.scan_layers:
+      x, _ = jax.lax.scan(body, x, params["layers"])
+    else:
+      for i in range(c.num_layers):
+        x, _ = body(x, jax.tree.map(lambda a: a[i], params["layers"]))
+    new_mask = kv_out = None
   else:
-    s = cache["mask"].shape[1]
-    new_mask = _write_rows(cache["mask"], attention_mask, cache_index)
+    if cache_rows is None:
+      row_mask = new_mask = _write_rows(cache["mask"], attention_mask, cache_index)
+    else:
+      row_mask = _write_rows(cache["mask"][cache_rows], attention_mask, cache_index)
+      new_mask = cache["mask"].at[cache_rows].set(row_mask)
     q_slot = cache_index[:, None] + jnp.arange(t)[None, :]  # [B, T]
-    allowed = (jnp.arange(s)[None, None, :] <= q_slot[:, :, None]) & (new_mask[:, None, :] > 0)
 
-  def body(x, xs):
-    layer, kv = xs
-    return decoder_layer(c, x, layer, cos, sin, allowed, kv, cache_index)
-
-  body = _remat(body, c.remat)
-  kv_in = (cache["k"], cache["v"]) if cache is not None else None
-  if c.scan_layers and cache is not None:
-    # The cache rides in the scan carry and each layer writes its slice back in place: as scan
-    # inputs/outputs, every call would copy the whole [L, B, S, K, hd] cache (decode: per token).
+    # The cache rides in the carry and each layer scatters its new keys/values into it in place
+    # (as scan inputs/outputs, every call would copy the whole [L, B, K, S, hd] cache: decode does
+    # one call per token).
     def cached_body(carry, xs):
       h, k_all, v_all = carry
       layer, i = xs
-      kv_i = (
-        jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False),
-        jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False),
-      )
-      h, (k_i, v_i) = body(h, (layer, kv_i))
-      return (
-        h,
-        jax.lax.dynamic_update_index_in_dim(k_all, k_i, i, 0),
-        jax.lax.dynamic_update_index_in_dim(v_all, v_i, i, 0),
-      ), None
 
-    (x, k_out, v_out), _ = jax.lax.scan(
-      cached_body, (x,) + kv_in, (params["layers"], jnp.arange(c.num_layers))
-    )
-    kv_out = (k_out, v_out)
-  elif c.scan_layers:
-    x, kv_out = jax.lax.scan(body, x, (params["layers"], kv_in))
-  else:
-    outs = []
-    for i in range(c.num_layers):
-      layer_i = jax.tree.map(lambda a: a[i], params["layers"])
-      kv_i = None if kv_in is None else (kv_in[0][i], kv_in[1][i])
-      x, kv_o = body(x, (layer_i, kv_i))
-      outs.append(kv_o)
-    kv_out = None if kv_in is None else tuple(jnp.stack(z) for z in zip(*outs))
+      def attend(q, k, v):
+        k2 = _write_cache(k_all, i, k, cache_index, cache_rows)
+        v2 = _write_cache(v_all, i, v, cache_index, cache_rows)
+        out = _attend_cached(q, k2, v2, i, cache_rows, q_slot, row_mask, dt, c.cache_block)
+        return out, (k2, v2)
+
+      h, (k_all, v_all) = decoder_layer(c, h, layer, cos, sin, attend)
+      return (h, k_all, v_all), None
+
+    carry = (x, cache["k"], cache["v"])
+    if c.scan_layers:
+      carry, _ = jax.lax.scan(cached_body, carry, (params["layers"], jnp.arange(c.num_layers)))
+    else:
+      for i in range(c.num_layers):
+        carry, _ = cached_body(carry, (jax.tree.map(lambda a: a[i], params["layers"]), i))
+    x, *kv_out = carry
 
   x = rms_norm(x, params["final_norm"], c.rms_norm_eps)
   if return_hidden:

@@ -28,7 +28,7 @@ def _abstract(config, mesh, req):
   )
   rows = shd.batch_sharding(mesh)
   kv = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, shd.BATCH_AXES))
-  shape = (config.num_layers, req.batch, req.seq, config.num_kv_heads, config.head_dim)
+  shape = qwen2.cache_shape(config, req.batch, req.seq)
   dt = jnp.dtype(settings.cache_dtype)
   cache = {
     "k": jax.ShapeDtypeStruct(shape, dt, sharding=kv),

@@ -77,13 +77,15 @@ def logits_from_hidden(params, config: Qwen2Config, hidden_bd: jax.Array) -> jax
 
 
 def prefill_chunk(
-  params, config: Qwen2Config, cache, hidden_bd, tokens_bc, mask_bc, start_b, end_b
+  params, config: Qwen2Config, cache, hidden_bd, tokens_bc, mask_bc, start_b, end_b, rows=None
 ):
   """Write one right-padded chunk of new tokens at slots start_b.. of each row.
 
   tokens/mask [B, C]; start_b [B] = tokens the row already has in cache (also their positions);
   end_b [B] = index in this chunk of the row's last new token, or -1 if its prompt does not end
-  here: those rows keep their previous final hidden state. Returns (cache, hidden [B, D]).
+  here: those rows keep their previous final hidden state. rows [B] (optional): the cache rows
+  the chunk's rows extend (the cache may hold more); hidden_bd is then the chunk's rows' state.
+  Returns (cache, hidden [B, D]).
   """
   c = tokens_bc.shape[1]
   positions = start_b[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
@@ -96,6 +98,7 @@ def prefill_chunk(
     return_hidden=True,
     cache=cache,
     cache_index=start_b,
+    cache_rows=rows,
   )
   last = jnp.take_along_axis(hidden, jnp.maximum(end_b, 0)[:, None, None], axis=1)[:, 0]
   return cache, jnp.where((end_b >= 0)[:, None], last.astype(hidden_bd.dtype), hidden_bd)

@@ -104,9 +104,7 @@ class Engine:
     self.config, self.settings, self.mesh = config, settings, mesh
     self.traces: collections.Counter = collections.Counter()
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
-    self._prefill_rows = jax.jit(
-      self._prefill_rows_impl, static_argnames=("window",), donate_argnums=(1, 2)
-    )
+    self._prefill_rows = jax.jit(self._prefill_rows_impl, donate_argnums=(1, 2))
     self._decode = jax.jit(
       self._decode_impl, static_argnames=("mode", "buffer"), donate_argnums=(1,)
     )
@@ -119,21 +117,13 @@ class Engine:
     self.traces["prefill"] += 1
     return kernels.prefill_chunk(params, self.config, cache, hidden, tokens, mask, start, end)
 
-  def _prefill_rows_impl(self, params, cache, hidden, idx, tokens, mask, start, end, *, window):
-    """prefill_chunk on rows `idx` only, attending over the first `window` cache slots: the rows'
-    cache is gathered, extended and scattered back (rows outside idx are untouched)."""
+  def _prefill_rows_impl(self, params, cache, hidden, idx, tokens, mask, start, end):
+    """prefill_chunk on cache rows `idx` only, written and read in place (rows outside idx are
+    untouched; attention reads only the cache blocks below the chunk's furthest slot)."""
     self.traces["prefill_rows"] += 1
-    sub = {
-      "k": cache["k"][:, idx, :window],
-      "v": cache["v"][:, idx, :window],
-      "mask": cache["mask"][idx, :window],
-    }
-    sub, h = kernels.prefill_chunk(params, self.config, sub, hidden[idx], tokens, mask, start, end)
-    cache = {
-      "k": cache["k"].at[:, idx, :window].set(sub["k"]),
-      "v": cache["v"].at[:, idx, :window].set(sub["v"]),
-      "mask": cache["mask"].at[idx, :window].set(sub["mask"]),
-    }
+    cache, h = kernels.prefill_chunk(
+      params, self.config, cache, hidden[idx], tokens, mask, start, end, rows=idx
+    )
     return cache, hidden.at[idx].set(h)
 
   def _decode_impl(
@@ -238,8 +228,7 @@ class Engine:
         if done[r] + take == lens[r]:
           end[j] = take - 1
       pos = (start + done)[rows].astype(np.int32)
-      window = self._window(int((pos + c).max()), s)
-      if n == b and window == s:  # every row over the whole cache: no gather
+      if n == b:  # every row: no row index
         cache, hidden = self._prefill(
           params,
           cache,
@@ -259,7 +248,6 @@ class Engine:
           jnp.asarray(mask),
           jnp.asarray(pos),
           jnp.asarray(end),
-          window=window,
         )
       done += np.minimum(c, lens - done).clip(min=0)
       computed += n * c
@@ -267,8 +255,8 @@ class Engine:
 
   def _chunk_rows(self, left: np.ndarray, pos: np.ndarray, c: int) -> np.ndarray:
     """Rows a prefill chunk computes: those with new tokens left, padded with idle rows (the
-    lowest cache positions first, so the window stays small) to a batch bucket. With a mesh that
-    shards rows, or when the bucket is the whole batch, every row (rows stay where they live)."""
+    lowest cache positions first, so attention reads few cache blocks) to a batch bucket. With a
+    mesh that shards rows, or when the bucket is the whole batch, every row (rows stay put)."""
     b = len(left)
     if self.batch_multiple() > 1:
       return np.arange(b)
@@ -279,10 +267,6 @@ class Engine:
     idle = np.setdiff1d(np.arange(b), busy)
     pad = idle[np.argsort(pos[idle], kind="stable")][: n - len(busy)]
     return np.sort(np.concatenate([busy, pad]))
-
-  def _window(self, need: int, s: int) -> int:
-    """Cache slots a prefill chunk attends over: the smallest cache-length bucket >= need."""
-    return min([x for x in self.settings.cache_lengths if x >= need] + [s])
 
   def decode(
     self,
