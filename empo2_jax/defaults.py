@@ -110,8 +110,14 @@ def get_config(arg=None):
     epochs=1,
     max_prompt_len=4500,
     prompt_len_check="both",  # or 'tip_free' (release): rl/batch.py
-    layout="packed",
-  )  # or 'turn': one row per turn sample (rl/batch.py)
+    layout="packed",  # or 'turn': one row per turn sample (rl/batch.py)
+    update_shapes="grow",
+  )
+  # update_shapes: "grow" pads each iteration's update batch to the largest (token length, turns
+  # per row, slots, slot rows) the run has compiled, so a run compiles a handful of update shapes
+  # and then none (every new shape is a compile: minutes for a 7B model on a pod, and on XLA:CPU
+  # host memory kept for the process lifetime); the floor is checkpointed. "fit": the smallest
+  # buckets each iteration (least padding, one compile per new combination).
   # minibatch_size: turn samples per optimizer step. An iteration's samples are shuffled and split
   # into ceil(N / minibatch_size) mini-batches, one step each (verl: 16 x 8 = 128 turn samples,
   # i.e. ~15-30 steps per iteration of 128 ScienceWorld episodes). micro_rows: turn samples per

@@ -34,6 +34,7 @@ class FakeTrainer:
     self.state = self.state._replace(step=jnp.asarray(seed, jnp.int32))
     self.rng = jax.random.PRNGKey(seed)
     self.iteration, self.row_cursor = 0, 0
+    self.update_floor = {"len": 128 * seed, "turns": seed, "slots": 1, "slot_rows": 0}
     self.workdir, self.config = str(workdir), sciworld.get_config("tiny")
     store = MemoryStore(dim=8, max_per_slot=3)
     for i in range(seed):  # seed 0: an empty memory
@@ -83,6 +84,7 @@ def test_restore_latest_state_memory_and_metrics(tmp_path):
   _equal(t.rng, want.rng)
   assert type(t.state) is type(want.state)
   assert (t.iteration, t.row_cursor) == (3, 30)
+  assert t.update_floor == want.update_floor  # a resumed run keeps its update shape
   assert (
     ckpt_lib.memory_to_blob(t.memory.store).tobytes()
     == ckpt_lib.memory_to_blob(want.memory.store).tobytes()

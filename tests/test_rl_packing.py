@@ -136,6 +136,44 @@ def test_packed_update_equals_per_turn_update(tok, mode, variant):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["packed", "turn"])
+def test_a_grown_update_shape_takes_the_same_steps(tok, layout):
+  """update_shapes="grow": a batch padded to a larger length, turn axis, slot count and slot size
+  (the run's high-water shape) takes the same optimizer steps on the same samples as the batch in
+  its own buckets: parameters and metrics match."""
+  cfg, params = tiny()
+  turns = make_turns(tok, "on")
+  adv = np.random.default_rng(2).normal(size=len(turns)).astype(np.float32)
+  bcfg = BatchConfig(max_prompt_len=2048, response_len=8, row_multiple=2, pad_id=tok.pad_token_id)
+  ucfg = UpdateConfig(minibatch_size=4, micro_rows=2, learning_rate=1e-2, vocab_chunk=4096)
+  if layout == "packed":
+    fit, _ = build_packed_batch(turns, adv, tok, bcfg)
+    grown, _ = build_packed_batch(turns, adv, tok, bcfg, min_len=fit["cur_tokens"].shape[1] + 96,
+                                  min_turns=fit["sample_index"].shape[1] + 3)  # fmt: skip
+  else:
+    fit, _ = build_batch(turns, adv, tok, bcfg)
+    grown, _ = build_batch(turns, adv, tok, bcfg, min_len=fit["cur_tokens"].shape[1] + 96)
+  assert grown["cur_tokens"].shape[1] == fit["cur_tokens"].shape[1] + 96
+  a, lay_a = minibatch.arrange(fit, ucfg, seed=(0, 3))
+  b, lay_b = minibatch.arrange(grown, ucfg, seed=(0, 3), min_slots=lay_a["slots"] + 2,
+                               min_slot_rows=2 * lay_a["slot_rows"])  # fmt: skip
+  assert lay_b["slots"] == lay_a["slots"] + 2 and lay_b["rows"] > lay_a["rows"]
+  assert (
+    lay_b["num_minibatches"] == lay_a["num_minibatches"] > 1 and lay_b["sizes"] == lay_a["sizes"]
+  )
+  with pytest.raises(ValueError, match="multiple of micro_rows"):
+    minibatch.arrange(fit, ucfg, seed=0, min_slot_rows=3)
+  opt = make_optimizer(ucfg)
+  update = make_update_fn(cfg, ucfg, opt, donate=False)
+  st_a, m_a = update(init_train_state(jax.tree.map(jnp.copy, params), opt), a)
+  st_b, m_b = update(init_train_state(jax.tree.map(jnp.copy, params), opt), b)
+  assert int(m_a["optim_steps"]) == int(m_b["optim_steps"]) == lay_a["num_minibatches"]
+  for k in ("loss", "n_tokens", "grad_norm", "param_update_norm"):
+    np.testing.assert_allclose(float(m_b[k]), float(m_a[k]), rtol=1e-5, atol=1e-6, err_msg=k)
+  for x, y in zip(jax.tree.leaves(st_a.params), jax.tree.leaves(st_b.params)):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-5)
+
+
 def test_packed_minibatches_are_counted_in_turn_samples(tok):
   cfg, params = tiny()
   rng = np.random.default_rng(0)

@@ -215,11 +215,17 @@ def _select(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig):
 
 
 def build_batch(
-  turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig, num_rows: Optional[int] = None
+  turns: Sequence[Turn],
+  advantages,
+  tokenizer,
+  cfg: BatchConfig,
+  num_rows: Optional[int] = None,
+  min_len: int = 0,
 ) -> tuple[dict, dict[str, Any]]:
   """Turns + advantages [N] -> (batch dict of numpy arrays, stats), one row per turn.
 
-  num_rows forces B (e.g. a fixed shape for AOT); otherwise B is bucketed.
+  num_rows forces B (e.g. a fixed shape for AOT); otherwise B is bucketed. min_len: the token
+  axis L is at least this (more left padding; the trainer's update_shapes="grow").
   stats: n_turns, n_dropped_prompt, n_dropped_response, n_samples, rows, prompt_len, tokens
   (real tokens of the current view: what the update's forward passes carry).
   """
@@ -228,6 +234,7 @@ def build_batch(
   p_len = min(
     bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth), max(cfg.max_prompt_len, longest)
   )
+  p_len = max(p_len, min_len - cfg.response_len)
   rows = num_rows or bucket_size(max(len(keep), 1), cfg.row_multiple, cfg.bucket_growth)
   if rows < len(keep):
     raise ValueError(f"num_rows={rows} < {len(keep)} samples")
@@ -286,14 +293,21 @@ def _method_arrays(out: dict, members: list, turns: Sequence[Turn], lead: tuple,
 
 
 def build_packed_batch(
-  turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig, num_rows: Optional[int] = None
+  turns: Sequence[Turn],
+  advantages,
+  tokenizer,
+  cfg: BatchConfig,
+  num_rows: Optional[int] = None,
+  min_len: int = 0,
+  min_turns: int = 0,
 ) -> tuple[dict, dict[str, Any]]:
   """Turns + advantages [N] -> (batch, stats) in the episode-packed layout (rl/packing.py).
 
   The kept turns of one episode (same rollout_id, in step order) share a row per view as long as
   every view's next prompt extends the row (rl/packing.pack_views); where it does not (the
   history was re-tokenised differently or truncated) the turn starts a new row. Tokens are
-  right-padded to L (bucketed); per-turn arrays gain a turn axis T (bucketed):
+  right-padded to L (bucketed, >= min_len); per-turn arrays gain a turn axis T (bucketed,
+  >= min_turns):
     cur_tokens, cur_attn, old_tokens, old_attn  [B, L]
     cur_starts, old_starts                      [B, T] int32  first response position of a turn
     response_mask, sampler_logp                 [B, T, R]
@@ -316,8 +330,10 @@ def build_packed_batch(
       packed.append(([members[t] for t in row["cur"].turn_ids], row["cur"], row["old"]))
   R = cfg.response_len
   longest = max([len(r.tokens) for _, c, o in packed for r in (c, o)], default=1)
-  L = bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth)
-  T = bucket_size(max([len(m) for m, _, _ in packed], default=1), 1, cfg.bucket_growth)
+  L = max(bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth), min_len)
+  T = max(
+    bucket_size(max([len(m) for m, _, _ in packed], default=1), 1, cfg.bucket_growth), min_turns
+  )
   rows = num_rows or bucket_size(max(len(packed), 1), cfg.row_multiple, cfg.bucket_growth)
   if rows < len(packed):
     raise ValueError(f"num_rows={rows} < {len(packed)} packed rows")

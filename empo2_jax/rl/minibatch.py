@@ -55,7 +55,12 @@ def split_sizes(n_samples: int, num_minibatches: int) -> list[int]:
 
 
 def arrange(
-  batch: dict, cfg, seed: Union[int, Sequence[int]], bucket_growth: float = 1.25
+  batch: dict,
+  cfg,
+  seed: Union[int, Sequence[int]],
+  bucket_growth: float = 1.25,
+  min_slots: int = 0,
+  min_slot_rows: int = 0,
 ) -> tuple[dict, dict]:
   """build_batch's (or build_packed_batch's) rows -> (batch in the update's layout,
   {"num_minibatches", "slots", "rows", "slot_rows", "sizes"}).
@@ -72,12 +77,18 @@ def arrange(
   the slot size is the largest group's row count, bucketed to micro_rows x a power of two
   (PACKED_SLOT_GROWTH: padding rows are free, new shapes are not). The output also carries
   `slot_steps` [S] int32 (1: the slot takes an optimizer step), whose length tells the update S.
+  min_slots / min_slot_rows (a multiple of micro_rows): floors on S and the packed slot size, so
+  a run can keep one update shape (the trainer's update_shapes="grow"); the extra slots and rows
+  are padding.
   """
+  if min_slot_rows % cfg.micro_rows:
+    raise ValueError(f"min_slot_rows={min_slot_rows} is not a multiple of micro_rows")
   index = np.asarray(batch["sample_index"])
   counts = (index >= 0).sum(axis=1) if index.ndim == 2 else (index >= 0).astype(np.int64)
   real = np.flatnonzero(counts > 0)
   n_turns = int(counts.sum())
   k, slots = plan(n_turns, cfg.minibatch_size, bucket_growth)
+  slots = max(slots, min_slots)
   micro = cfg.micro_rows
   seq = np.random.SeedSequence(list(np.atleast_1d(seed)) + [SHUFFLE_STREAM])
   order = real[np.random.default_rng(seq).permutation(len(real))]
@@ -89,7 +100,7 @@ def arrange(
     # A row holds several turns, so a cut can skip a group: those steps are not taken.
     sizes = [int(z) for z in np.bincount(group, minlength=k) if z] if len(real) else []
     k = len(sizes)
-    slot_rows = bucket_size(max(sizes, default=1), micro, PACKED_SLOT_GROWTH)
+    slot_rows = max(bucket_size(max(sizes, default=1), micro, PACKED_SLOT_GROWTH), min_slot_rows)
   rows = slots * slot_rows
   n_chunks = rows // micro
 

@@ -283,6 +283,7 @@ def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
     "config": json.loads(trainer.config.to_json()),
     "saved_at": time.time(),
     "metrics": read_records(trainer.workdir, upto=step),
+    "update_floor": dict(getattr(trainer, "update_floor", {})),
   }
   state = {"train": trainer.state, "rng": trainer.rng}
   explorer = getattr(trainer, "explorer", None)  # the exploration methods' state (explore/)
@@ -322,6 +323,9 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   if explorer is not None:
     explorer.load(state.get("explore"), meta.get("explore"))
   trainer.iteration, trainer.row_cursor = int(meta["iteration"]), int(meta["row_cursor"])
+  if hasattr(trainer, "update_floor"):  # older checkpoints have none: the floor starts at zero
+    saved = meta.get("update_floor") or {}
+    trainer.update_floor = {k: int(saved.get(k, 0)) for k in trainer.update_floor}
   trainer.set_memory_store(stores["memory"])
   if rewrite_metrics:
     rewrite_records(trainer.workdir, meta.get("metrics", []))

@@ -38,6 +38,9 @@ log = logging.getLogger("empo2_jax")
 MODES = ("on", "on_tips", "off")
 
 
+UPDATE_FLOOR_KEYS = ("len", "turns", "slots", "slot_rows")
+
+
 def draw_mode(u: float, p_memory: float, q_offpolicy: float) -> str:
   """SPEC §1: u ~ U[0,1). off-policy if u < p*q; on-policy with tips if u < p; else on-policy."""
   if not (0.0 <= p_memory <= 1.0 and 0.0 <= q_offpolicy <= 1.0):
@@ -64,6 +67,8 @@ class Trainer:
     self.update_cfg = settings.update_config(c)
     self.batch_cfg = settings.batch_config(c, self.tokenizer.pad_token_id)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
+    # optim.update_shapes="grow": the largest update shape so far (checkpointed; see defaults.py)
+    self.update_floor = dict.fromkeys(UPDATE_FLOOR_KEYS, 0)
     self.state, self._update = self._init_state(params)
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
 
@@ -270,11 +275,35 @@ class Trainer:
       )
     advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
     # optim.layout: one row per episode and view ("packed", rl/packing.py) or one per turn.
-    build_fn = batch_lib.build_packed_batch if c.optim.layout == "packed" else batch_lib.build_batch
-    batch, bstats = build_fn(turns, advantages, self.tokenizer, self.batch_cfg)
+    fl = (
+      self.update_floor if c.optim.update_shapes == "grow" else dict.fromkeys(self.update_floor, 0)
+    )
+    if c.optim.layout == "packed":
+      batch, bstats = batch_lib.build_packed_batch(
+        turns, advantages, self.tokenizer, self.batch_cfg, min_len=fl["len"], min_turns=fl["turns"]
+      )
+    else:
+      batch, bstats = batch_lib.build_batch(
+        turns, advantages, self.tokenizer, self.batch_cfg, min_len=fl["len"]
+      )
     # Shuffled mini-batches of optim.minibatch_size samples (SPEC §1 item 5); the shuffle depends
     # on (seed, iteration) only, so a resumed run repeats it exactly.
-    batch, layout = minibatch_lib.arrange(batch, self.update_cfg, seed=(c.seed, it))
+    batch, layout = minibatch_lib.arrange(
+      batch,
+      self.update_cfg,
+      seed=(c.seed, it),
+      min_slots=fl["slots"],
+      min_slot_rows=fl["slot_rows"],
+    )
+    if c.optim.update_shapes == "grow":
+      index = batch["sample_index"]
+      shape = dict(
+        len=batch["cur_tokens"].shape[1],
+        turns=index.shape[1] if index.ndim == 2 else 0,
+        slots=layout["slots"],
+        slot_rows=layout["slot_rows"] if index.ndim == 2 else 0,
+      )
+      self.update_floor = {k: max(v, shape[k]) for k, v in self.update_floor.items()}
     self.last_batch = batch  # host copy as the update sees it (tests, debugging)
     timing["time/batching"] = time.perf_counter() - t0
 
