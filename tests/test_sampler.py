@@ -61,9 +61,18 @@ def hf_greedy(model, prompt, max_new, stop):
 def test_chunk_plan():
   assert chunk_plan(0, (16, 64)) == []
   assert chunk_plan(5, (16, 64)) == [16]
-  assert chunk_plan(17, (16, 64)) == [64]
-  assert chunk_plan(150, (16, 64)) == [64, 64, 64]
+  assert chunk_plan(17, (16, 64)) == [16, 16]  # 32 tokens computed, not 64
+  assert chunk_plan(40, (16, 64)) == [64]  # 16 + 64 would compute more
+  assert chunk_plan(150, (16, 64)) == [64, 64, 16, 16]
   assert chunk_plan(129, (16, 64)) == [64, 64, 16]
+  default = SamplerSettings().prefill_chunks
+  assert chunk_plan(180, default) == [128, 64] and chunk_plan(1050, default) == [1024, 32]
+  for n in range(1, 3000):  # covers n; never more padding than the one-bucket plan
+    plan = chunk_plan(n, default)
+    assert sum(plan) >= n and sum(plan) - sum(plan[:-1]) > 0 and sum(plan[:-1]) < n
+    rest = n - (n // 1024) * 1024
+    one = (n // 1024) * 1024 + (min(c for c in default if c >= rest) if rest else 0)
+    assert sum(plan) <= one, n
 
 
 def test_greedy_matches_hf_generate(tmp_path):

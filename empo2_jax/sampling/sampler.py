@@ -44,7 +44,9 @@ from empo2_jax.sampling import kernels
 @dataclasses.dataclass(frozen=True)
 class SamplerSettings:
   cache_dtype: str = "bfloat16"
-  prefill_chunks: tuple[int, ...] = (16, 64, 256, 512, 1024)  # ascending; the last is the max
+  # ascending; the last is the max. Each turn prefills only its new suffix (~100-300 tokens in
+  # EMPO2's chats), so the sizes in between keep the padding of the last chunk small.
+  prefill_chunks: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
   cache_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
   batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # beyond: multiples of last
   new_token_buckets: tuple[int, ...] = (32, 128, 512, 2048)
@@ -78,10 +80,18 @@ def bucket(n: int, sizes: Sequence[int], what: str, *, multiples: bool = False) 
 
 
 def chunk_plan(remaining: int, chunks: Sequence[int]) -> list[int]:
-  """Chunk lengths covering `remaining` new tokens: full max chunks, then the smallest that fits."""
+  """Chunk lengths covering `remaining` new tokens: full max chunks; below the max, the largest
+  chunk that fills when it and the bucket of what it leaves compute fewer tokens than the bucket
+  of the whole rest (180 with (.., 64, 128, 256): 128 + 64, not 256), else that bucket."""
   plan = []
   while remaining > 0:
-    c = bucket(remaining, chunks, "chunk") if remaining <= chunks[-1] else chunks[-1]
+    if remaining >= chunks[-1]:
+      c = chunks[-1]
+    else:
+      c = bucket(remaining, chunks, "chunk")
+      fill = [x for x in chunks if x < remaining]
+      if fill and fill[-1] + bucket(remaining - fill[-1], chunks, "chunk") < c:
+        c = fill[-1]
     plan.append(c)
     remaining -= c
   return plan
