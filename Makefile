@@ -40,7 +40,7 @@ train: $(STAMP)
 bench: $(STAMP)
 	@for b in bench/[a-z]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-# Chaos soak (10-30 min on 2 cores): 30 tiny-config iterations while env workers and JVMs are
+# Chaos soak (~6 min on 2 idle cores): 30 tiny-config iterations while env workers and JVMs are
 # killed and the trainer is SIGTERMed twice; checks metrics, orphans, RSS and env_failed.
 soak: $(STAMP)
 	$(PY) tests/soak/soak.py

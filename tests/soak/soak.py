@@ -1,6 +1,6 @@
 """Chaos soak: train the tiny CPU config while env workers and JVMs die and the trainer is stopped.
 
-    python tests/soak/soak.py                  # make soak; 30 iterations, 10-30 min on 2 cores
+    python tests/soak/soak.py                  # make soak; 30 iterations, ~6 min on 2 idle cores
     python tests/soak/soak.py --iterations 8 --bursts 1 --keep
 
 Runs `launch/train.py --config=configs/sciworld.py:tiny` (checkpoint every iteration) as a
