@@ -77,6 +77,9 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   _apply_method(config)
+  from empo2_jax.train import hoststats
+
+  hoststats.limit_malloc_arenas(config.train.malloc_arenas)  # before XLA starts its threads
   logging.info("config:\n%s", config)
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   if any(x is not None for x in explicit) and not _MULTIHOST.value:
