@@ -6,6 +6,7 @@ configs/sciworld.py:cpu             the embedded SmolLM2-135M-Instruct (a PyPI w
                                     MiniLM, one task, 2 rows x 2 rollouts, 3 iterations
 configs/sciworld.py:tiny            a random-init tiny model (tests: mechanics only)
 configs/sciworld.py:learn           the learning experiment sized for this CPU (docs/results.md)
+configs/sciworld.py:learn,wide      the second learning run: 100 train variations, lr 5e-6
 configs/sciworld.py:gpu             the same sized for one accelerator
 configs/sciworld.py:task=find-animal[,cpu]   pick the task (and optionally the CPU variant)
 """
@@ -14,7 +15,7 @@ from empo2_jax import defaults
 
 
 def get_config(arg=None):
-  args = defaults.parse_args("sciworld", arg, ("cpu", "tiny", "learn", "gpu", "7b"), ("task",))
+  args = defaults.parse_args("sciworld", arg, ("cpu", "tiny", "learn", "wide", "gpu", "7b"), ("task",))
   c = defaults.get_config()
   if "task" in args:
     c.env.task = args["task"]
@@ -26,6 +27,10 @@ def get_config(arg=None):
     defaults.embedded_model(c)
   if args.get("learn") or args.get("gpu"):
     _learn(c, args)
+  if args.get("wide"):
+    if not args.get("learn"):
+      raise ValueError("sciworld config argument 'wide' modifies 'learn': use learn,wide")
+    _wide(c)
   if args.get("tiny"):
     defaults.tiny_model(c)
   c.lock()
@@ -104,3 +109,18 @@ def _learn(c, args):
     c.sft.steps = 300
     c.sft.batch_rows = 16
     c.sft.micro_rows = 8
+
+
+def _wide(c):
+  """The second learning run (docs/results.md), changed from `learn` for what its first run
+  showed on the TRAIN episodes: cycling over 10 train variations, GRPO and EMPO2 collapsed onto
+  one action script within 6 iterations. Here the rows walk over 100 train variations (no
+  variation repeats within 50 iterations), at half the step (lr 5e-6), with the update shapes
+  grown once instead of refitted (fewer compiles). Evaluation is left to launch/eval.py on the
+  saved checkpoints (30 test variations), so the run spends its time on iterations."""
+  c.env.num_train_rows = 100
+  c.optim.lr = 5e-6
+  c.optim.update_shapes = "grow"
+  c.train.iterations = 16
+  c.train.eval_every = 0
+  c.train.eval_at_end = False

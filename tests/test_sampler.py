@@ -264,3 +264,27 @@ def test_compile_count_bounded():
   assert engine._prefill._cache_size() == engine.traces["prefill"]
   assert engine._prefill_rows._cache_size() == engine.traces["prefill_rows"]
   assert engine._decode._cache_size() == engine.traces["decode"]
+
+
+def test_host_arrays_enter_the_engine_without_compiling():
+  """Host -> device transfers of new shapes compile nothing (jnp.asarray compiled a `stage`
+  program per shape, and every compiled program stays resident for the process), and the row
+  keys are one program per row count (eager vmap compiled each of its primitives per count)."""
+  from empo2_jax.sampling import sampler
+  from empo2_jax.train.hoststats import CompileCounter
+
+  engine = get_engine(tiny_config(64), FP32)
+  CompileCounter.install()
+  rng = jax.random.key(0)
+  sampler.row_keys(rng, range(3))  # warm: the shapes below are new
+  before, _ = CompileCounter.totals()
+  for n in (5, 6, 7):
+    x = engine._rows(np.arange(n * 3, dtype=np.int64).reshape(n, 3))
+    assert x.dtype == jnp.int32 and isinstance(x, jax.Array)
+    np.testing.assert_array_equal(np.asarray(x), np.arange(n * 3).reshape(n, 3))
+  assert CompileCounter.totals()[0] == before
+  keys = [sampler.row_keys(rng, range(n)) for n in (5, 6, 7)]
+  assert CompileCounter.totals()[0] == before + 3
+  want = [jax.random.fold_in(rng, i) for i in range(7)]
+  for i in range(7):
+    np.testing.assert_array_equal(jax.random.key_data(keys[2][i]), jax.random.key_data(want[i]))

@@ -54,6 +54,27 @@ def test_unknown_config_key_names_valid_keys():
     sciworld.get_config("gpux")
 
 
+def test_learn_wide_changes_only_what_it_says():
+  """`learn,wide` (the second learning run, docs/results.md) is `learn` with 100 train
+  variations, lr 5e-6, grown update shapes and no in-run evaluation; `wide` alone is refused."""
+  base, wide = sciworld.get_config("learn"), sciworld.get_config("learn,wide")
+  changed = {
+    ("env", "num_train_rows"): (10, 100),
+    ("optim", "lr"): (1e-5, 5e-6),
+    ("optim", "update_shapes"): ("fit", "grow"),
+    ("train", "iterations"): (12, 16),
+    ("train", "eval_every"): (3, 0),
+    ("train", "eval_at_end"): (True, False),
+  }
+  for (group, key), (a, b) in changed.items():
+    assert (base[group][key], wide[group][key]) == (a, b), (group, key)
+  flat = lambda c: {(g, k): v for g in c for k, v in (c[g].items() if hasattr(c[g], "items") else [])}
+  diff = {k for k, v in flat(base).items() if flat(wide).get(k) != v}
+  assert diff == set(changed)
+  with pytest.raises(ValueError, match="learn,wide"):
+    sciworld.get_config("wide")
+
+
 def test_train_cli_errors_fast():
   cmd = [
     sys.executable,

@@ -99,7 +99,14 @@ def chunk_plan(remaining: int, chunks: Sequence[int]) -> list[int]:
 
 def row_keys(rng: jax.Array, rows: Sequence[int]) -> jax.Array:
   """One key per row: fold_in(rng, row id)."""
-  return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.asarray(rows, jnp.uint32))
+  return _row_keys(rng, jax.device_put(np.asarray(rows, np.uint32)))
+
+
+@jax.jit
+def _row_keys(rng, rows):
+  # One program per row count. Run eagerly, the vmap compiled each of its primitives per count,
+  # and every compiled program stays resident (~2-5 MB of host memory each, for the process).
+  return jax.vmap(lambda i: jax.random.fold_in(rng, i))(rows)
 
 
 class Engine:
@@ -182,7 +189,9 @@ class Engine:
   def _rows(self, x, batch_dim: int = 0):
     """Place a per-row array with rows over the mesh's batch axes (no-op without a mesh)."""
     if self.mesh is None:
-      return jnp.asarray(x)
+      # device_put, not jnp.asarray: asarray of a host array compiles a small program per new
+      # shape (jax's `stage`), and each stays resident; device_put compiles nothing.
+      return jax.device_put(x)
     from jax.sharding import NamedSharding, PartitionSpec as P
     from empo2_jax.parallel.sharding import BATCH_AXES
 
@@ -253,11 +262,7 @@ class Engine:
           params,
           cache,
           hidden,
-          jnp.asarray(rows, jnp.int32),
-          jnp.asarray(tokens),
-          jnp.asarray(mask),
-          jnp.asarray(pos),
-          jnp.asarray(end),
+          *jax.device_put((np.asarray(rows, np.int32), tokens, mask, pos, end)),
         )
       done += np.minimum(c, lens - done).clip(min=0)
       computed += n * c
@@ -315,7 +320,7 @@ class Engine:
       jnp.float32(max(temperature, 1e-6)),
       jnp.float32(top_p),
       jnp.int32(top_k),
-      jnp.asarray(stop_arr),
+      jax.device_put(stop_arr),
       jnp.int32(max_new_tokens),
       mode=mode,
       buffer=buf,
