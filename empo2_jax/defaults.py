@@ -117,7 +117,10 @@ def get_config(arg=None):
   # per row, slots, slot rows) the run has compiled, so a run compiles a handful of update shapes
   # and then none (every new shape is a compile: minutes for a 7B model on a pod, and on XLA:CPU
   # host memory kept for the process lifetime); the floor is checkpointed. "fit": the smallest
-  # buckets each iteration (least padding, one compile per new combination).
+  # buckets each iteration (least padding, one compile per new combination). "max": the largest
+  # shape the config allows from the first iteration (train/settings.max_update_shape): one
+  # update compile per run, so its memory peak shows in iteration 1 and the host memory stays
+  # flat; padding rows and turns are skipped, but every row is max_context tokens long.
   # minibatch_size: turn samples per optimizer step. An iteration's samples are shuffled and split
   # into ceil(N / minibatch_size) mini-batches, one step each (verl: 16 x 8 = 128 turn samples,
   # i.e. ~15-30 steps per iteration of 128 ScienceWorld episodes). micro_rows: turn samples per

@@ -205,3 +205,55 @@ def test_a_turn_whose_history_was_retokenised_differently_gets_its_own_row(tok):
   packed, stats = build_packed_batch(turns, np.ones(3, np.float32), tok, bcfg)
   assert stats["packed_rows"] == 2
   assert packed["sample_index"][:2, :2].tolist() == [[0, -1], [1, 2]]
+
+
+@pytest.mark.parametrize("layout", ["packed", "turn"])
+def test_max_update_shape_bounds_every_batch_of_the_config(tok, layout):
+  """update_shapes="max": no batch the config allows (rows_per_iter x group_size episodes of 1 to
+  max_steps turns, any mode) is larger than settings.max_update_shape, and with it as the floor
+  every iteration's update has exactly that shape: one update program for the run."""
+  from configs import sciworld
+  from empo2_jax.train import settings
+  from empo2_jax.train.trainer import UPDATE_FLOOR_KEYS
+
+  c = sciworld.get_config("tiny")
+  with c.unlocked():
+    c.rollout.rows_per_iter, c.rollout.group_size, c.env.max_steps = 2, 3, 5
+    c.rollout.max_context, c.optim.max_prompt_len = 1024, 1024 - c.rollout.max_new_tokens
+    c.optim.minibatch_size, c.optim.micro_rows, c.optim.layout = 4, 2, layout
+  bcfg = settings.batch_config(c, tok.pad_token_id)
+  ucfg = settings.update_config(c)
+  top = settings.max_update_shape(c, bcfg, ucfg)
+  build = build_packed_batch if layout == "packed" else build_batch
+  rng = np.random.default_rng(0)
+  seen = {k: 0 for k in UPDATE_FLOOR_KEYS}
+  for trial in range(12):
+    mode = ("on", "off", "on_tips")[trial % 3]
+    turns = []
+    for r in range(6):
+      n = 5 if trial % 4 == 0 else int(rng.integers(1, 6))
+      turns += episode_turns(tok, r, r // 3, n, mode, rng, ret=float(rng.integers(0, 100)))
+    adv = rng.normal(size=len(turns)).astype(np.float32)
+    kw = {"min_turns": top["turns"]} if layout == "packed" else {}
+    for floors in (False, True):
+      batch, _ = build(turns, adv, tok, bcfg, **(dict(min_len=top["len"], **kw) if floors else {}))
+      assert int(batch["cur_attn"].sum(axis=1).max()) <= c.rollout.max_context
+      out, lay = minibatch.arrange(
+        batch, ucfg, seed=(0, trial), **(
+          dict(min_slots=top["slots"], min_slot_rows=top["slot_rows"]) if floors else {}
+        )
+      )  # fmt: skip
+      index = out["sample_index"]
+      shape = dict(
+        len=out["cur_tokens"].shape[1],
+        turns=index.shape[1] if index.ndim == 2 else 0,
+        slots=lay["slots"],
+        slot_rows=lay["slot_rows"] if index.ndim == 2 else 0,
+      )
+      if floors:
+        assert shape == top, (trial, shape, top)
+      else:
+        assert all(shape[k] <= top[k] for k in shape), (trial, shape, top)
+        seen = {k: max(v, shape[k]) for k, v in seen.items()}
+  # the bound is not slack everywhere: the turn axis and the slot count reach it
+  assert seen["slots"] == top["slots"] and seen["turns"] == top["turns"], (seen, top)

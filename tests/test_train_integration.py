@@ -20,6 +20,7 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
   # A random policy scores the same in every episode; a strict threshold makes the number of
   # retrieved tips (hence the intrinsic reward) differ between steps, so advantages are non-zero.
   config.memory.threshold = 0.99
+  config.optim.update_shapes = "max"  # one update shape from the first iteration
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
     before = jax.tree.map(np.array, trainer.state.params)
@@ -51,6 +52,11 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
         if isinstance(v, float):
           assert np.isfinite(v), k
     assert m2["loss/n_tokens"] > 0
+    # update_shapes="max": both updates had the config's largest shape, so the floor never grew
+    from empo2_jax.train import settings
+
+    top = settings.max_update_shape(config, trainer.batch_cfg, trainer.update_cfg)
+    assert trainer.update_floor == top and batch["cur_tokens"].shape[1] == top["len"]
     # The rollout's wall clock split into phases (memory iterations: retrieval and reflection too)
     phases = ("sampling", "env", "tokenize", "retrieval", "reflect", "other")
     for p in phases:

@@ -127,7 +127,7 @@ def test_default_precision_and_minibatches():
     ("optim.max_prompt_len", 8000, "max_context"),
     ("env.workers", -1, "one per CPU"),
     ("train.eval_batch", -1, "rows_per_iter x group_size"),
-    ("optim.update_shapes", "max", "valid: grow"),
+    ("optim.update_shapes", "largest", "valid: grow"),
   ],
 )
 def test_config_checks_fail_at_once(field, value, match):

@@ -42,10 +42,11 @@ def check_config(c) -> None:
       f"optim.layout={c.optim.layout!r}; valid: packed (one row per episode "
       "and view), turn (one row per turn sample)"
     )
-  if c.optim.update_shapes not in ("grow", "fit"):
+  if c.optim.update_shapes not in ("grow", "fit", "max"):
     raise ConfigError(
       f"optim.update_shapes={c.optim.update_shapes!r}; valid: grow (pad to the largest update "
-      "shape so far), fit (the smallest buckets each iteration)"
+      "shape so far), fit (the smallest buckets each iteration), max (the largest the config "
+      "allows, from the first iteration)"
     )
   if c.optim.prompt_len_check not in ("both", "tip_free"):
     raise ConfigError(f"optim.prompt_len_check={c.optim.prompt_len_check!r}; valid: both, tip_free")

@@ -67,3 +67,36 @@ def actor_settings(c) -> ActorSettings:
     memory_key_text=c.empo2.memory_key_text,
     cache_dtype=c.rollout.cache_dtype,
   )
+
+
+def max_update_shape(c, batch_cfg: batch_lib.BatchConfig, update_cfg) -> dict:
+  """optim.update_shapes="max": the update shape (trainer.UPDATE_FLOOR_KEYS) of the largest
+  iteration the config allows, the floor of every update from the first, so that a run compiles
+  its update once per layout and never later. Rows: whole chats of at most rollout.max_context
+  tokens (packed) or prompts of at most optim.max_prompt_len (turn); turns per row: env.max_steps;
+  slots: the mini-batches of rows_per_iter x group_size episodes of max_steps turns; slot rows:
+  every episode of the iteration in one mini-batch, at most minibatch_size. A batch past one of
+  these (a truncated chat split into several rows) grows the floor as "grow" does."""
+  from empo2_jax.rl import minibatch as minibatch_lib
+
+  packed = c.optim.layout == "packed"
+  growth = batch_cfg.bucket_growth
+  episodes = c.rollout.rows_per_iter * c.rollout.group_size
+  if packed:  # a packed row is one episode's chat
+    length = batch_lib.bucket_size(c.rollout.max_context, batch_cfg.prompt_multiple, growth)
+  else:  # build_batch: the prompt bucket, capped at max_prompt_len, then the response block
+    prompt = batch_cfg.max_prompt_len
+    length = min(batch_lib.bucket_size(prompt, batch_cfg.prompt_multiple, growth), prompt)
+    length += batch_cfg.response_len
+  _, slots = minibatch_lib.plan(episodes * c.env.max_steps, update_cfg.minibatch_size)
+  rows = min(episodes, update_cfg.minibatch_size)
+  return dict(
+    len=length,
+    turns=batch_lib.bucket_size(c.env.max_steps, 1, growth) if packed else 0,
+    slots=slots,
+    slot_rows=(
+      batch_lib.bucket_size(rows, update_cfg.micro_rows, minibatch_lib.PACKED_SLOT_GROWTH)
+      if packed
+      else 0
+    ),
+  )

@@ -223,6 +223,16 @@ class Trainer:
     e, t = self.config.empo2, self.config.train
     return e.p_memory > 0 or e.force_mode in ("on_tips", "off") or t.eval_with_memory
 
+  def _update_floor(self) -> dict:
+    """The least update shape of this iteration (optim.update_shapes; defaults.py)."""
+    mode = self.config.optim.update_shapes
+    if mode == "fit":
+      return dict.fromkeys(self.update_floor, 0)
+    if mode == "max":
+      top = settings.max_update_shape(self.config, self.batch_cfg, self.update_cfg)
+      return {k: max(v, top[k]) for k, v in self.update_floor.items()}
+    return self.update_floor
+
   def train_iteration(self) -> dict:
     c, it = self.config, self.iteration
     key = jax.random.fold_in(self.rng, it)
@@ -275,9 +285,7 @@ class Trainer:
       )
     advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
     # optim.layout: one row per episode and view ("packed", rl/packing.py) or one per turn.
-    fl = (
-      self.update_floor if c.optim.update_shapes == "grow" else dict.fromkeys(self.update_floor, 0)
-    )
+    fl = self._update_floor()
     if c.optim.layout == "packed":
       batch, bstats = batch_lib.build_packed_batch(
         turns, advantages, self.tokenizer, self.batch_cfg, min_len=fl["len"], min_turns=fl["turns"]
@@ -295,7 +303,7 @@ class Trainer:
       min_slots=fl["slots"],
       min_slot_rows=fl["slot_rows"],
     )
-    if c.optim.update_shapes == "grow":
+    if c.optim.update_shapes != "fit":
       index = batch["sample_index"]
       shape = dict(
         len=batch["cur_tokens"].shape[1],

@@ -302,6 +302,7 @@ def command(args, workdir: str) -> list[str]:
     f"--config.env.workers={NUM_WORKERS}",
     f"--config.rollout.rows_per_iter={ROWS}",
     f"--config.rollout.group_size={GROUP}",
+    f"--config.optim.update_shapes={args.update_shapes}",
     "--no_progress",
   ]
 
@@ -319,6 +320,13 @@ def main(argv=None) -> int:
   p.add_argument("--burst_timeout_s", type=float, default=600.0)
   p.add_argument("--rss_from", type=int, default=5, help="rss_growth = rss(last) / rss(this) - 1")
   p.add_argument("--rss_tolerance", type=float, default=0.10)
+  p.add_argument(
+    "--update_shapes",
+    default="max",
+    choices=("max", "grow", "fit"),
+    help="config.optim.update_shapes: max (a long unattended run's setting: one update program "
+    "from iteration 1), grow (the default: a compile when a larger batch first shows up)",
+  )
   p.add_argument("--timeout_s", type=float, default=5400.0, help="for the whole soak")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--workdir", default=None, help="default: a new temporary directory")
