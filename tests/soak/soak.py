@@ -3,7 +3,8 @@
     python tests/soak/soak.py                  # make soak; 30 iterations, ~6 min on 2 idle cores
     python tests/soak/soak.py --iterations 8 --bursts 1 --keep
 
-Runs `launch/train.py --config=configs/sciworld.py:tiny` (checkpoint every iteration) as a
+Runs `launch/train.py --config=configs/sciworld.py:tiny` (checkpoint every iteration, one
+update shape from the first iteration: optim.update_shapes=max, --update_shapes) as a
 subprocess. A monitor thread, polling the trainer's process tree (psutil):
   kills     SIGKILLs a random env worker process or its JVM every few seconds, but only while every
             worker is up with a JVM at least --mature_s old: each such kill is recovered by the
