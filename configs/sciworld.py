@@ -15,7 +15,8 @@ from empo2_jax import defaults
 
 
 def get_config(arg=None):
-  args = defaults.parse_args("sciworld", arg, ("cpu", "tiny", "learn", "wide", "gpu", "7b"), ("task",))
+  flags = ("cpu", "tiny", "learn", "wide", "gpu", "7b")
+  args = defaults.parse_args("sciworld", arg, flags, ("task",))
   c = defaults.get_config()
   if "task" in args:
     c.env.task = args["task"]

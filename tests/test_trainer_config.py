@@ -68,7 +68,10 @@ def test_learn_wide_changes_only_what_it_says():
   }
   for (group, key), (a, b) in changed.items():
     assert (base[group][key], wide[group][key]) == (a, b), (group, key)
-  flat = lambda c: {(g, k): v for g in c for k, v in (c[g].items() if hasattr(c[g], "items") else [])}
+
+  def flat(c):
+    return {(g, k): v for g in c if hasattr(c[g], "items") for k, v in c[g].items()}
+
   diff = {k for k, v in flat(base).items() if flat(wide).get(k) != v}
   assert diff == set(changed)
   with pytest.raises(ValueError, match="learn,wide"):
