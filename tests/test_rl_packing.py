@@ -243,13 +243,7 @@ def test_max_update_shape_bounds_every_batch_of_the_config(tok, layout):
           dict(min_slots=top["slots"], min_slot_rows=top["slot_rows"]) if floors else {}
         )
       )  # fmt: skip
-      index = out["sample_index"]
-      shape = dict(
-        len=out["cur_tokens"].shape[1],
-        turns=index.shape[1] if index.ndim == 2 else 0,
-        slots=lay["slots"],
-        slot_rows=lay["slot_rows"] if index.ndim == 2 else 0,
-      )
+      shape = minibatch.update_shape(out, lay)
       if floors:
         assert shape == top, (trial, shape, top)
       else:

@@ -132,4 +132,17 @@ def arrange(
   }
 
 
-__all__ = ["arrange", "plan", "split_sizes", "SHUFFLE_STREAM"]
+def update_shape(batch: dict, layout: dict) -> dict:
+  """An arranged batch's update shape, the keys of the trainer's update floor: token length,
+  turns per row (packed; 0 for one row per turn), slots and slot rows (packed; 0 otherwise)."""
+  index = batch["sample_index"]
+  packed = index.ndim == 2
+  return dict(
+    len=batch["cur_tokens"].shape[1],
+    turns=index.shape[1] if packed else 0,
+    slots=layout["slots"],
+    slot_rows=layout["slot_rows"] if packed else 0,
+  )
+
+
+__all__ = ["arrange", "plan", "split_sizes", "update_shape", "SHUFFLE_STREAM"]

@@ -304,13 +304,7 @@ class Trainer:
       min_slot_rows=fl["slot_rows"],
     )
     if c.optim.update_shapes != "fit":
-      index = batch["sample_index"]
-      shape = dict(
-        len=batch["cur_tokens"].shape[1],
-        turns=index.shape[1] if index.ndim == 2 else 0,
-        slots=layout["slots"],
-        slot_rows=layout["slot_rows"] if index.ndim == 2 else 0,
-      )
+      shape = minibatch_lib.update_shape(batch, layout)
       self.update_floor = {k: max(v, shape[k]) for k, v in self.update_floor.items()}
     self.last_batch = batch  # host copy as the update sees it (tests, debugging)
     timing["time/batching"] = time.perf_counter() - t0
