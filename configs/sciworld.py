@@ -118,7 +118,7 @@ def _wide(c):
   one action script within 6 iterations. Here the rows walk over 100 train variations (no
   variation repeats within 50 iterations), at half the step (lr 5e-6), with the update shapes
   grown once instead of refitted (fewer compiles). Evaluation is left to launch/eval.py on the
-  saved checkpoints (30 test variations), so the run spends its time on iterations."""
+  saved checkpoints (all 75 test variations), so the run spends its time on iterations."""
   c.env.num_train_rows = 100
   c.optim.lr = 5e-6
   c.optim.update_shapes = "grow"

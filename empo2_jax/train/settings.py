@@ -6,6 +6,7 @@ from __future__ import annotations
 from empo2_jax.agent.actor import ActorSettings
 from empo2_jax.explore import config as explore_config
 from empo2_jax.rl import batch as batch_lib
+from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.train import build
@@ -77,8 +78,6 @@ def max_update_shape(c, batch_cfg: batch_lib.BatchConfig, update_cfg) -> dict:
   slots: the mini-batches of rows_per_iter x group_size episodes of max_steps turns; slot rows:
   every episode of the iteration in one mini-batch, at most minibatch_size. A batch past one of
   these (a truncated chat split into several rows) grows the floor as "grow" does."""
-  from empo2_jax.rl import minibatch as minibatch_lib
-
   packed = c.optim.layout == "packed"
   growth = batch_cfg.bucket_growth
   episodes = c.rollout.rows_per_iter * c.rollout.group_size
