@@ -97,3 +97,34 @@ def test_72b_does_not_fit_four_v5p_chips():
   assert rc == 0, err[-3000:]
   r = parse_last_line(out)
   assert not r["fits"] and r["per_chip"] > r["hbm"] == 95 and "DOES NOT FIT" in out
+
+
+def test_the_flop_floor_counts_every_matmul_weight_and_rejects_undercounting_probes():
+  # Pure: no libtpu. The floor is 2 flops per matmul weight per token (numpy over the model's own
+  # parameter shapes), times the passes, times the remat recompute.
+  import numpy as np
+
+  from empo2_jax.model.qwen2 import param_shapes
+  from empo2_jax.parallel import aot as aot_lib
+
+  c = get_preset("tiny")
+  shapes = param_shapes(c)["layers"]
+  per_token = sum(
+    int(np.prod(shapes[n])) for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+  )
+  per_token += c.hidden_size * c.vocab_size
+  assert aot_lib.forward_flops_per_token(c, 64, attention=False) == 2.0 * per_token
+  attention = 4.0 * c.num_layers * 64 * c.num_heads * c.head_dim
+  assert aot_lib.forward_flops_per_token(c, 64) == 2.0 * per_token + attention
+  head = 2.0 * c.hidden_size * c.vocab_size
+  layers = 2.0 * per_token - head
+  full, none = c.replace(remat="full"), c.replace(remat="none")
+  # remat "full" runs the decoder layers once more under gradients, never the head
+  assert aot_lib.matmul_floor(full, 100, 10, forwards=3, grads=True) == 400 * layers + 30 * head
+  assert aot_lib.matmul_floor(none, 100, 10, forwards=3, grads=True) == 300 * layers + 30 * head
+  assert aot_lib.matmul_floor(full, 100, 100, forwards=1, grads=False) == 100 * 2.0 * per_token
+  # A probe below the floor (a loop body counted once) or a non-positive time is not believed.
+  assert aot_lib.trusted_estimate(2.0e16, 1.9e16, 40.0)
+  assert not aot_lib.trusted_estimate(1.8e16, 1.9e16, 28.0)
+  assert not aot_lib.trusted_estimate(2.0e16, 1.9e16, -8.8)
+  assert not aot_lib.trusted_estimate(2.0e16, 1.9e16, float("nan"))

@@ -21,7 +21,12 @@ import jax.numpy as jnp
 
 from empo2_jax.model import qwen2
 from empo2_jax.parallel import sharding as shd
-from empo2_jax.parallel.aot import Program, forward_flops_per_token, register_program
+from empo2_jax.parallel.aot import (
+  Program,
+  forward_flops_per_token,
+  matmul_floor,
+  register_program,
+)
 from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
 
 RESPONSE_LEN = 32  # SPEC §2: max response 32 tokens
@@ -88,4 +93,8 @@ def _train_step(config, mesh, req):
     config, cfg, opt, batch_sharding=shd.batch_sharding(mesh), state_sharding=state_sharding
   )
   batch = abstract_batch(mesh, req.batch, req.seq)
-  return Program(fn, (state, batch), update_flops(config, req.batch, req.seq, RESPONSE_LEN))
+  # The old log-probs forward has no backward, hence no recompute: 3 + 1 forwards + the remat's.
+  floor = matmul_floor(
+    config, req.batch * req.seq, req.batch * RESPONSE_LEN, forwards=4, grads=True
+  )
+  return Program(fn, (state, batch), update_flops(config, req.batch, req.seq, RESPONSE_LEN), floor)
