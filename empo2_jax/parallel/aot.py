@@ -17,7 +17,8 @@ recompute included, attention excluded). A probe that counts fewer flops than th
 and the report gives no time or MFU for it instead of a flattering one.
 
 Programs live in `PROGRAMS` (name -> builder). A builder takes (model_config, mesh, request) and
-returns `Program(fn, args, model_flops)`; later issues add the EMPO2 `train_step` and `sampler`:
+returns `Program(fn, args, model_flops, floor_flops)`; the EMPO2 `train_step` and the
+`sampler` programs register themselves this way:
 
     @register_program("train_step")
     def _build(config, mesh, req): ...
