@@ -30,21 +30,18 @@ def free_attention(q, k, v, allowed, dtype, block):
   return q.reshape(q.shape[0], q.shape[1], -1)
 
 
-def probe(req, config, mesh, n_devices: int, peak: float) -> dict:
+def probe(req, config, mesh, devices) -> dict:
   from empo2_jax.parallel import aot
 
   t0 = time.time()
-  flops_device, seconds = aot._probe_cost(req, config, mesh)
-  prog = aot.PROGRAMS[req.program](config, mesh, req)
-  flops = flops_device * n_devices
-  ok = aot.trusted_estimate(flops, prog.floor_flops, seconds)
-  mfu = prog.model_flops / (peak * seconds) if ok else float("nan")
+  r = aot.cost_estimate(req, config, mesh, aot.PROGRAMS[req.program](config, mesh, req), devices)
   print(
-    f"  probe flops {flops:.3e} (floor {prog.floor_flops:.3e}, model {prog.model_flops:.3e}), "
-    f"est {seconds:.2f}s, mfu {mfu:.3f}, probe {time.time() - t0:.0f}s",
+    f"  probe flops {r['compiler_flops']:.3e} (floor {r['floor_flops']:.3e}, model "
+    f"{r['model_flops']:.3e}), est {r['est_seconds']:.2f}s, mfu {r['est_mfu']:.3f}, "
+    f"probe {time.time() - t0:.0f}s",
     flush=True,
   )
-  return {"seconds": seconds if ok else float("nan"), "mfu": mfu}
+  return {"seconds": r["est_seconds"] if r["trusted"] else float("nan"), "mfu": r["est_mfu"]}
 
 
 def main():
@@ -71,20 +68,18 @@ def main():
     num_microbatches=args.microbatches,
   )
   devices = aot.topology_devices(req.topology)
-  chips = len({tuple(d.coords) for d in devices})
-  peak = aot.PEAK_BF16_TFLOPS[req.topology.split(":")[0]] * 1e12 * chips
   config = get_preset(
     req.preset, remat=req.remat, param_dtype=req.param_dtype, compute_dtype=req.compute_dtype
   )
   mesh = make_mesh(req.mesh, devices)
   print(f"train_step {req.preset} on {req.topology}, micro-batches {req.num_microbatches}")
   print("model attention:", flush=True)
-  real = probe(req, config, mesh, len(devices), peak)
+  real = probe(req, config, mesh, devices)
   model_attention = qwen2._attend_causal
   qwen2._attend_causal = free_attention
   try:
     print("free attention:", flush=True)
-    free = probe(req, config, mesh, len(devices), peak)
+    free = probe(req, config, mesh, devices)
   finally:
     qwen2._attend_causal = model_attention
   print(

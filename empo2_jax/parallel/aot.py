@@ -201,6 +201,24 @@ def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, floa
   return m * (f1 + extra * (f2 - f1)), seconds
 
 
+def cost_estimate(req: AotRequest, config: Qwen2Config, mesh, prog: Program, devices) -> dict:
+  """The cost probe's figures for `prog` (built for `req`), whole mesh: compiler flops, estimated
+  seconds and MFU; `trusted` is False (and est_mfu nan) when `trusted_estimate` rejects them."""
+  flops_device, seconds = _probe_cost(req, config, mesh)
+  flops = flops_device * len(devices)
+  chips = len({tuple(d.coords) for d in devices})
+  peak = PEAK_BF16_TFLOPS[req.topology.split(":")[0]] * 1e12 * chips
+  trusted = trusted_estimate(flops, prog.floor_flops, seconds)
+  return {
+    "compiler_flops": flops,
+    "model_flops": prog.model_flops,
+    "floor_flops": prog.floor_flops,
+    "est_seconds": seconds,
+    "trusted": trusted,
+    "est_mfu": prog.model_flops / (peak * seconds) if trusted else float("nan"),
+  }
+
+
 def compile_program(req: AotRequest) -> dict:
   """Compile `req.program` for `req.topology` and return the figures of the report."""
   if req.program not in PROGRAMS:
@@ -241,8 +259,11 @@ def compile_program(req: AotRequest) -> dict:
       "est_mfu": float("nan"),
     }
   compile_s = time.time() - t0
-  flops_device, est_s = _probe_cost(req, config, mesh) if req.cost_probe else (0.0, 0.0)
-  trusted = trusted_estimate(flops_device * len(devices), prog.floor_flops, est_s)
+  if req.cost_probe:
+    cost = cost_estimate(req, config, mesh, prog, devices)
+  else:
+    cost = {"compiler_flops": 0.0, "model_flops": prog.model_flops, "est_seconds": 0.0}
+    cost.update(floor_flops=prog.floor_flops, trusted=False, est_mfu=float("nan"))
   mem = compiled.memory_analysis()
   per_device = (
     mem.argument_size_in_bytes
@@ -252,7 +273,6 @@ def compile_program(req: AotRequest) -> dict:
     + mem.generated_code_size_in_bytes
   )
   per_chip_gib = per_device * per_chip_devices / GIB
-  peak = PEAK_BF16_TFLOPS[gen] * 1e12 * chips
   return {
     "program": req.program,
     "preset": req.preset,
@@ -269,11 +289,7 @@ def compile_program(req: AotRequest) -> dict:
     "per_chip_gib": per_chip_gib,
     "hbm_gib": hbm,
     "fits": per_chip_gib <= hbm,
-    "compiler_flops": flops_device * len(devices),
-    "model_flops": prog.model_flops,
-    "est_seconds": est_s,
-    "floor_flops": prog.floor_flops,
-    "est_mfu": prog.model_flops / (peak * est_s) if trusted else float("nan"),
+    **cost,
   }
 
 
@@ -286,15 +302,15 @@ def _last_line(r: dict) -> str:
 
 
 def _time_phrase(r: dict) -> str:
-  if r["est_seconds"] <= 0 or r["est_seconds"] != r["est_seconds"]:
+  if r["trusted"]:
+    return f"estimated {r['est_seconds']:.3f}s per call"
+  if not r["est_seconds"] > 0:  # also nan
     return "no time estimate (libtpu's cost model gave a time <= 0)"
-  if r["compiler_flops"] < r["floor_flops"]:
-    return (
-      f"no time estimate: the probe counted fewer flops than the program's matmuls need "
-      f"({r['floor_flops']:.3e}), so a loop body was counted once (libtpu printed "
-      f"{r['est_seconds']:.3f}s); try another --microbatches"
-    )
-  return f"estimated {r['est_seconds']:.3f}s per call"
+  return (
+    f"no time estimate: the probe counted fewer flops than the program's matmuls need "
+    f"({r['floor_flops']:.3e}), so a loop body was counted once (libtpu printed "
+    f"{r['est_seconds']:.3f}s); try another --microbatches"
+  )
 
 
 def format_report(r: dict, req: AotRequest) -> str:
