@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.parallel.sharding import BATCH_AXES, shard_activation
 
 Params = dict[str, Any]
 NEG_INF = -1e30
@@ -261,8 +262,15 @@ def decoder_layer(config: Qwen2Config, x, layer, cos, sin, attend):
   def w(n):
     return layer[n].astype(dt)
 
+  def rows(y):  # [B, T, D]: rows split, width whole
+    return shard_activation(y, BATCH_AXES, None, None)
+
+  def heads(y):  # [B, T, heads * hd] or [B, T, F]: rows split, heads / MLP hidden over tensor
+    return shard_activation(y, BATCH_AXES, None, "tensor")
+
+  x = rows(x)
   h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
-  q, k, v = h @ w("wq"), h @ w("wk"), h @ w("wv")
+  q, k, v = heads(h @ w("wq")), heads(h @ w("wk")), heads(h @ w("wv"))
   if c.attention_bias:
     q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
   q = q.reshape(b, t, c.num_heads, c.head_dim)
@@ -270,11 +278,11 @@ def decoder_layer(config: Qwen2Config, x, layer, cos, sin, attend):
   v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
   attn, aux = attend(q, k, v)
-  x = x + attn @ w("wo")
+  x = rows(x + heads(attn) @ w("wo"))
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
-  mlp = jax.nn.silu(h @ w("w_gate")) * (h @ w("w_up"))
-  x = x + mlp @ w("w_down")
+  mlp = jax.nn.silu(heads(h @ w("w_gate"))) * heads(h @ w("w_up"))
+  x = rows(x + mlp @ w("w_down"))
   return x, aux
 
 

@@ -171,7 +171,7 @@ def make_lm_train_step(
     return LMTrainState(params, opt_state, state.step + 1), metrics
 
   return jax.jit(
-    step,
+    shd.on_mesh(step, mesh),
     in_shardings=(state_sh, shd.batch_sharding(mesh)),
     out_shardings=(state_sh, shd.replicated(mesh)),
     donate_argnums=(0,) if donate else (),
@@ -184,7 +184,7 @@ def make_sharded_forward(config: Qwen2Config, mesh: Mesh, rules: shd.Rules = shd
   param_sh = shd.tree_shardings(params_abs, mesh, rules)
   batch_sh = shd.batch_sharding(mesh)
   return jax.jit(
-    lambda p, t, m: qwen2.forward(p, config, t, m),
+    shd.on_mesh(lambda p, t, m: qwen2.forward(p, config, t, m), mesh),
     in_shardings=(param_sh, batch_sh, batch_sh),
     out_shardings=NamedSharding(mesh, P(shd.BATCH_AXES, None, "tensor")),
   )

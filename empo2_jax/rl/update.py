@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from empo2_jax.parallel.sharding import on_mesh
 from empo2_jax.rl.logprobs import response_logprobs
 from empo2_jax.rl.losses import LossConfig, apply_low_prob_mask, policy_loss
 from empo2_jax.rl.packing import packed_response_logprobs
@@ -409,6 +410,8 @@ def make_update_fn(
   jit_kw: dict[str, Any] = {"donate_argnums": (0,) if donate else ()}
   if state_sharding is not None:  # inputs keep the shardings they were placed with
     jit_kw["out_shardings"] = (state_sharding, None)
+  if batch_sharding is not None:  # the model pins its activations' rows on this mesh
+    update = on_mesh(update, batch_sharding.mesh)
   return jax.jit(update, **jit_kw)
 
 
