@@ -7,11 +7,12 @@ HBM, the compiler's flop count and estimated run time, and the implied model-flo
 
 XLA's cost analysis counts a while-loop body once, whatever its trip count, so the full program's
 flops and time are not read off it directly. A cost probe compiles the same program for one
-micro-batch, one loss chunk and 1 and 2 unrolled layers; cost(L) = c1 + (L - 1)(c2 - c1), times
-the number of micro-batches (the optimizer update, counted M times, is negligible).
+micro-batch, one loss chunk and 1 and 2 unrolled layers, without libtpu's windowed einsum (a loop
+of its own; `PROBE_COMPILER_OPTIONS`); cost(L) = c1 + (L - 1)(c2 - c1), times the number of
+micro-batches (the optimizer update, counted M times, is negligible).
 
 The probe itself can still hide work in a loop (the update's micro-batch loop has a dynamic trip
-count, and libtpu may turn a sharded matmul into a loop of its own). Each program therefore states
+count, and libtpu has other loop-forming passes). Each program therefore states
 a floor: the matmul flops that any compilation of it must execute (every pass, the remat
 recompute included, attention excluded). A probe that counts fewer flops than the floor undercounts,
 and the report gives no time or MFU for it instead of a flattering one.
@@ -183,6 +184,18 @@ def _cost(compiled) -> dict:
   return dict(cost or {})
 
 
+# libtpu flags for the probes only. Windowed einsum (collective matmul) turns an all-gather or
+# reduce-scatter feeding a matmul into a loop of collective permutes and partial matmuls, whose
+# body cost_analysis() counts once: with it the 14B lm_train_step probe counted 2.86e13 flops per
+# device against a matmul floor of 3.09e13. Without it every matmul is counted whole, and the
+# collectives are priced unoverlapped, which the cost model does anyway (overlap flags change
+# nothing, docs/aot_table.md): the estimate can only err on the slow side.
+PROBE_COMPILER_OPTIONS = {
+  "xla_tpu_enable_windowed_einsum_for_all_gather": False,
+  "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
+}
+
+
 def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, float]:
   """(flops, estimated seconds) per device of the full program, from loop-free probes."""
   m = req.num_microbatches
@@ -191,7 +204,7 @@ def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, floa
   for layers in (1, 2):
     probe_cfg = config.replace(num_layers=layers, scan_layers=False)
     prog = PROGRAMS[req.program](probe_cfg, mesh, probe_req)
-    cost = _cost(prog.fn.lower(*prog.args).compile())
+    cost = _cost(prog.fn.lower(*prog.args).compile(compiler_options=PROBE_COMPILER_OPTIONS))
     costs.append((float(cost.get("flops", 0.0)), float(cost.get("optimal_seconds", 0.0))))
   (f1, s1), (f2, s2) = costs
   extra = config.num_layers - 1
