@@ -20,9 +20,11 @@ import warnings
 
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from etils import epath  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from empo2_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
@@ -126,7 +128,7 @@ def main(argv):
     try:
       runs[label] = adapt_run(config, w)
     except ConfigError as e:
-      sys.exit(f"error: {e}")
+      cli.fail(e)  # one line, exit 2
     for r in runs[label]["trials"]:
       print(
         f"{label} trial {r['trial']}: return {r['return_mean']:.1f} ± {r['return_std']:.1f} "
@@ -142,4 +144,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)  # one-line errors for config, checkpoint and path mistakes (exit 2)

@@ -20,6 +20,7 @@ import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 
 from empo2_jax.parallel import aot  # noqa: E402
+from empo2_jax import cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,4 +98,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.guard(main)  # one-line errors for config and path mistakes (exit 2)

@@ -8,7 +8,8 @@
 
 --method (default: the config's method, empo2_jax/train/methods.py):
   a training method (empo2, grpo, gigpo, ...): loads the newest restorable checkpoint of --workdir
-      (or the config's initial policy if there is none, with a warning) and runs test variations x
+      (a workdir without one is refused, exit 2, and nothing is created; --initial evaluates the
+      config's initial policy instead of any checkpoint) and runs test variations x
       train.eval_repeats episodes at train.eval_temperature, without memory (the paper's number),
       with the run's memory, or both (--memory).
   naive: the config's initial policy (the base model), no memory, nothing updated.
@@ -29,9 +30,11 @@ import warnings
 # does not apply to an immediate exec.
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from etils import epath  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from empo2_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
@@ -45,6 +48,12 @@ _MEMORY = flags.DEFINE_enum(
   "without",
   ["without", "with", "both"],
   "training methods: evaluate without the run's memory (the paper's number), with it, or both",
+)
+_INITIAL = flags.DEFINE_bool(
+  "initial",
+  False,
+  "training methods: evaluate the config's initial policy, not a checkpoint (without it, a "
+  "workdir with no checkpoint is refused)",
 )
 _TRIALS = flags.DEFINE_integer("trials", 10, "reflexion: trials per test variation")
 _REFLECTIONS = flags.DEFINE_integer("reflections", 3, "reflexion: reflections kept in context")
@@ -148,7 +157,7 @@ def main(argv):
   try:
     method = methods.get(name)
   except methods.UnknownMethod as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   if name == "retrospex":
     sys.exit(
       "error: retrospex has its own entry point:\n  "
@@ -158,18 +167,14 @@ def main(argv):
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=False)
   except ConfigError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   try:
-    if method.trains:
+    if method.trains and not _INITIAL.value:  # _check_checkpoint found a step to restore
       try:
-        step = trainer.resume(read_only=True)
+        trainer.resume(read_only=True)
       except RuntimeError as e:  # checkpoints there, none restorable
-        sys.exit(f"error: {e}")
-      if step is None:
-        print(
-          f"warning: no checkpoint in {_WORKDIR.value}; evaluating the initial policy",
-          file=sys.stderr,
-        )
+        cli.fail(e)  # one line, exit 2
+    if method.trains:
       settings = {"without": [False], "with": [True], "both": [False, True]}[_MEMORY.value]
       rows, result = _evaluate_policy(trainer, config, name, settings)
     elif name == "reflexion":
@@ -195,9 +200,33 @@ def main(argv):
     print("per trial: " + json.dumps(result["extra"]["trials"]))
 
 
+def _check_checkpoint(flag_values) -> None:
+  """Before anything starts: a training method's --workdir must hold a checkpoint step, unless
+  --initial asks for the initial policy (cli.UserError otherwise; nothing is created)."""
+  from empo2_jax.train import methods
+
+  name = flag_values.method or flag_values.config.method
+  try:
+    trains = methods.get(name).trains
+  except methods.UnknownMethod:
+    return  # main names the valid methods
+  if not trains or flag_values.initial:
+    return
+  ckpts = epath.Path(flag_values.workdir) / "checkpoints"
+  steps = [p for p in ckpts.iterdir() if p.name.isdigit()] if ckpts.is_dir() else []
+  if not steps:
+    raise cli.UserError(
+      "no checkpoint to evaluate",
+      str(ckpts),
+      "check --workdir (a run of launch/train.py), or pass --initial to evaluate the initial "
+      "policy",
+    )
+
+
 def _config_spec() -> str:
   return next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "CONFIG")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  # one-line errors for config, checkpoint and path mistakes (exit 2)
+  cli.run(main, checks=(_check_checkpoint,))

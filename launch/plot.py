@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 
 import numpy as np
 from etils import epath
@@ -26,6 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
+from empo2_jax import cli  # noqa: E402
 
 METRICS = "metrics.jsonl"
 PHASE_SKIP = ("time/iteration",)  # the total, not a phase
@@ -50,7 +50,11 @@ def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
       continue
     subs = sorted(d.name for d in w.iterdir() if (d / METRICS).exists()) if w.is_dir() else []
     if not subs:
-      raise SystemExit(f"error: {w} has no {METRICS} and no run directories with one")
+      raise cli.UserError(
+        f"no {METRICS} here and no run directories with one",
+        str(w),
+        "pass run workdirs or sweep roots (--workdirs=A,B)",
+      )
     for d in subs:
       runs[d] = read_run(w / d)
   return runs
@@ -254,4 +258,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.guard(main)  # one-line errors for config and path mistakes (exit 2)

@@ -26,8 +26,10 @@ import warnings
 
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from empo2_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
@@ -56,7 +58,7 @@ def train(config) -> None:
   try:
     records = D.read_records(paths)
   except FileNotFoundError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   trans = D.transitions(records, reward=_REWARD.value)
   if not trans:
     sys.exit(f"error: no transitions in {paths} (every episode env_failed or empty)")
@@ -112,11 +114,11 @@ def evaluate(config) -> None:
   try:
     nets, state, _, tok, meta = Q.load(_WORKDIR.value)
   except FileNotFoundError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   try:
     build.check_config(config)
   except build.ConfigError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   rescore = R.RescoreConfig(
     samples=_SAMPLES.value, top_k=_TOP_K.value, discount=_DISCOUNT.value, floor=_FLOOR.value
   )
@@ -194,4 +196,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)  # one-line errors for config, checkpoint and path mistakes (exit 2)

@@ -23,8 +23,10 @@ import warnings
 
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from empo2_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
@@ -81,7 +83,7 @@ def _sft(argv):
   try:
     trainer = Trainer(c, workdir, progress=False)
   except ConfigError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   try:
     t0 = time.perf_counter()
     chats = _gold_chats(c, trainer.actor.materials)
@@ -93,4 +95,4 @@ def _sft(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)  # one-line errors for config, checkpoint and path mistakes (exit 2)

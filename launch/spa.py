@@ -33,8 +33,10 @@ import warnings
 
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from empo2_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
@@ -59,7 +61,7 @@ def main(argv):
   try:
     build.check_config(c)
   except build.ConfigError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   workdir = os.path.abspath(_WORKDIR.value)
   try:
     lock = workdir_lock.WorkdirLock(workdir).acquire()
@@ -103,4 +105,4 @@ def _rl(c, workdir: str) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)  # one-line errors for config, checkpoint and path mistakes (exit 2)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 from empo2_jax.defaults import load_module
+from empo2_jax import cli, preflight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "launch", "train.py")
@@ -80,12 +81,10 @@ def check_overrides(config, overrides: dict, where: str) -> None:
 
 def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> list[dict]:
   """[{name, overrides, workdir, command}] for every run of the sweep."""
-  cfg_path, cfg_variant = _split(config_arg)
   sweep_path, sweep_name = _split(sweep_arg)
   if sweep_name is None:
     raise SystemExit(f"error: --sweep={sweep_arg!r} names no sweep; use path:name")
-  base = load_module(cfg_path)
-  config = base.get_config(cfg_variant) if cfg_variant is not None else base.get_config()
+  config = preflight.load_config(config_arg)  # a missing file or bad variant: cli.UserError
   runs = load_module(sweep_path).get_sweep(sweep_name)
   out, seen = [], set()
   for i, overrides in enumerate(runs):
@@ -144,4 +143,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.guard(main)  # one-line errors for config and path mistakes (exit 2)

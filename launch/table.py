@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import sys
 from typing import Sequence
 
 import numpy as np
@@ -27,6 +26,7 @@ from etils import epath
 
 from empo2_jax.baselines.results import read_results
 from empo2_jax.train import methods as methods_lib
+from empo2_jax import cli  # noqa: E402
 
 # ScienceWorld's topics (the simulator's task groups), in the order of the paper's task list.
 TOPICS: dict[str, tuple[str, ...]] = {
@@ -284,9 +284,9 @@ def main(argv=None) -> None:
   try:
     results = read_results([p for p in args.runs.split(",") if p])
   except FileNotFoundError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   print(write_tables(results, args.out), end="")
 
 
 if __name__ == "__main__":
-  main()
+  cli.guard(main)  # one-line errors for config and path mistakes (exit 2)

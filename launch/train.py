@@ -13,7 +13,8 @@ resumes from; a non-finite update's batch goes to <workdir>/debug/iter_<N>/.
 <workdir>/episodes/tfds (empo2_jax/data/trajectories.py).
 
 Any config field can be overridden with --config.<path>=value; an unknown key fails with the list
-of valid keys at that level.
+of valid keys at that level. A mistake in the config, the model checkpoint or the workdir prints one
+line `error: <what> (<where>): <what to do>` and exits 2 (--debug or EMPO2_DEBUG=1: the traceback).
 
 Multi-host (pods): run the same command with --multihost on every host; each host steps its share
 of the episodes in its own env pool and all hosts gather them (empo2_jax/agent/hosts.py). Off TPU,
@@ -29,8 +30,10 @@ import warnings
 # does not apply to an immediate exec.
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from empo2_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
@@ -51,24 +54,6 @@ _NUM_PROCESSES = flags.DEFINE_integer(
 _PROCESS_ID = flags.DEFINE_integer(
   "process_id", None, "with --multihost off TPU: this process's index"
 )
-
-
-def _check_overrides(argv_full, config) -> None:
-  """Name the valid keys when an override path does not exist (before absl's terser error)."""
-  for arg in argv_full:
-    if not arg.startswith("--config.") or "=" not in arg:
-      continue
-    path = arg[len("--config.") :].split("=", 1)[0].split(".")
-    node = config
-    for i, part in enumerate(path):
-      keys = list(node.keys()) if hasattr(node, "keys") else []
-      if part not in keys:
-        where = "config" + "".join(f".{p}" for p in path[:i])
-        sys.exit(
-          f"error: unknown config key {arg.split('=')[0]!r}: {where} has no field "
-          f"{part!r}; valid keys: {', '.join(sorted(keys))}"
-        )
-      node = node[part]
 
 
 def main(argv):
@@ -94,11 +79,11 @@ def main(argv):
   import jax
   from empo2_jax.train import build, workdir_lock
 
-  lead = jax.process_index() == 0  # multi-host: one host prints and shows progress
-  try:
-    build.check_config(config)  # a bad config fails before the workdir is made or locked
+  try:  # before JAX starts its backend: a bad config fails fast and is not locked or made
+    build.check_config(config)
   except build.ConfigError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
+  lead = jax.process_index() == 0  # multi-host: one host prints and shows progress
   # One run per workdir (train/workdir_lock.py): a second run fails here, before building
   # anything, naming the first; multi-host: process 0 holds the lock for all.
   lock = None
@@ -122,7 +107,7 @@ def _apply_method(config) -> None:
   try:
     method = methods.get(config.method)
   except methods.UnknownMethod as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   if not method.trains:
     spec = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "CONFIG")
     sys.exit("error: " + methods.not_training_message(config.method, spec, _WORKDIR.value))
@@ -138,14 +123,14 @@ def _train(config, lead):
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=lead and not _NO_PROGRESS.value)
   except ConfigError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   # Resume order: the newest restorable checkpoint in the workdir (a corrupt one falls back to
   # the step before, with a warning), else a fresh start from the config.
   try:
     step = trainer.resume()
   except RuntimeError as e:  # checkpoints there, none restorable: say so, start nothing
     trainer.close()
-    sys.exit(f"error: {e}")
+    cli.fail(e)  # one line, exit 2
   if step is not None and lead:
     print(
       f"resumed from {trainer.checkpointer.directory / str(step)} at iteration {step}", flush=True
@@ -180,16 +165,5 @@ def _train(config, lead):
     print(f"done iterations={len(history)} workdir={_WORKDIR.value} {summary}")
 
 
-def _run():
-  # Resolve the config file first (without overrides) to check override keys with a clear message.
-  cfg_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), None)
-  if cfg_arg:
-    from empo2_jax.defaults import load_config
-
-    cfg = load_config(cfg_arg)
-    _check_overrides(sys.argv[1:], cfg)
-  app.run(main)
-
-
 if __name__ == "__main__":
-  _run()
+  cli.run(main)  # one-line errors for config, checkpoint and path mistakes (exit 2)

@@ -1,0 +1,158 @@
+"""One-line errors for the launch scripts (launch/*.py).
+
+    from empo2_jax import cli
+    if __name__ == "__main__":
+      cli.run(main)                        # absl scripts (--config, --workdir flags)
+      cli.run(main, checks=(my_check,))    # my_check(FLAGS) runs after parsing, before main
+      cli.guard(main)                      # argparse scripts: main() returns the exit status
+
+A user's mistake (the config file or its variant, a --config.* key or value, the model
+checkpoint, a checkpoint directory, data, a path) prints ONE line to stderr,
+
+    error: <what went wrong> (<file or key>): <what to do>
+
+and exits with status 2. The checks that need no JAX (the config, the model files' headers, the
+workdir) run before `main`, so these errors come back in about a second. With --debug (or
+EMPO2_DEBUG=1 in the environment) the exception is raised instead, with its traceback. Any other
+exception is a bug and keeps its traceback. A script's own `sys.exit("error: ...")` is left as it
+is (exit status 1: faults of a running job, such as a failed save).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Iterable, NoReturn, Optional
+
+EXIT_USER = 2
+
+# Exception classes (by module and name) that are the user's to fix. They are looked up in
+# sys.modules when an exception arrives, so this module imports none of them (no JAX here).
+_USER_ERRORS = (
+  ("empo2_jax.cli", "UserError"),
+  ("empo2_jax.model.safetensors_io", "CheckpointError"),
+  ("empo2_jax.train.build", "ConfigError"),
+  ("empo2_jax.train.methods", "UnknownMethod"),
+  ("builtins", "FileNotFoundError"),
+  ("builtins", "NotADirectoryError"),
+  ("builtins", "IsADirectoryError"),
+)
+
+
+class UserError(Exception):
+  """What went wrong, where (a file, a directory or a config key) and what to do about it."""
+
+  def __init__(self, what: str, where: str, todo: str):
+    super().__init__(what, where, todo)
+    self.what, self.where, self.todo = what, where, todo
+
+  def __str__(self) -> str:
+    return f"{self.what} ({self.where}): {self.todo}"
+
+
+def debug_requested(argv: Optional[Iterable[str]] = None) -> bool:
+  """--debug / --debug=true on the command line, or EMPO2_DEBUG=1 in the environment."""
+  argv = sys.argv if argv is None else argv
+  if os.environ.get("EMPO2_DEBUG", "").strip().lower() in ("1", "true", "yes"):
+    return True
+  return any(a in ("--debug", "--debug=true", "--debug=True", "--debug=1") for a in argv)
+
+
+def is_user_error(error: BaseException) -> bool:
+  for module, name in _USER_ERRORS:
+    cls = getattr(sys.modules.get(module), name, None)
+    if isinstance(cls, type) and isinstance(error, cls):
+      return True
+  return False
+
+
+def one_line(error: BaseException) -> str:
+  """'error: ...' on one line: a UserError as it reads; others as their message, lines joined."""
+  text = str(error) if isinstance(error, UserError) else _message(error)
+  parts = [p.strip() for p in text.splitlines() if p.strip()]
+  return "error: " + "; ".join(parts)
+
+
+def _message(error: BaseException) -> str:
+  if isinstance(error, OSError) and error.filename is not None:  # FileNotFoundError(errno, ...)
+    return f"{error.strerror or type(error).__name__} ({error.filename}): check the path"
+  text = str(error).strip()
+  if isinstance(error, KeyError) and error.args:
+    text = str(error.args[0])
+  return text or type(error).__name__
+
+
+def fail(error: BaseException) -> NoReturn:
+  """Print the one-line form of `error` to stderr and exit with status 2."""
+  sys.stdout.flush()
+  print(one_line(error), file=sys.stderr, flush=True)
+  raise SystemExit(EXIT_USER)
+
+
+def guard(main: Callable[[], Optional[int]]) -> NoReturn:
+  """Run an argparse script's main(); user errors become one line and exit status 2."""
+  debug = debug_requested()
+  sys.argv = [a for a in sys.argv if not a.startswith("--debug")]
+  try:
+    code = main()
+  except Exception as e:  # noqa: BLE001 - sorted into the user's and bugs just below
+    if debug or not is_user_error(e):
+      raise
+    fail(e)
+  raise SystemExit(code)
+
+
+def run(main: Callable, *, checks: Iterable[Callable] = ()) -> NoReturn:
+  """absl's app.run(main) with one-line user errors (see the module docstring).
+
+  Before absl parses the flags, the --config file is loaded and every --config.<key> override
+  is checked against it (an unknown key lists the valid ones); after parsing, the model
+  checkpoint and --workdir are checked (empo2_jax/preflight.py), then each of `checks` is called
+  with absl's FLAGS (raise UserError to refuse)."""
+  from absl import app, flags
+
+  if "debug" not in flags.FLAGS:
+    flags.DEFINE_bool("debug", False, "show the traceback of an error (also: EMPO2_DEBUG=1)")
+  debug = debug_requested()
+  checks = tuple(checks)
+
+  def parse(argv):
+    from empo2_jax import preflight
+
+    spec = _flag_value(argv, "config")
+    if spec is not None:
+      preflight.check_overrides(argv[1:], preflight.load_config(spec))
+    try:
+      rest = flags.FLAGS(argv)
+    except flags.Error as e:
+      raise UserError(
+        f"bad command line: {str(e).splitlines()[0]}", "flags", "see --helpshort"
+      ) from e
+    preflight.check_flags(flags.FLAGS)
+    for check in checks:
+      check(flags.FLAGS)
+    return rest
+
+  try:
+    app.run(main, flags_parser=parse)
+  except SystemExit:
+    raise
+  except Exception as e:  # noqa: BLE001 - sorted into the user's and bugs just below
+    if debug or not is_user_error(e):
+      raise
+    fail(e)
+  raise SystemExit(0)  # not reached: app.run exits
+
+
+def _flag_value(argv: list[str], name: str) -> Optional[str]:
+  """The value of --name=V or --name V in argv (the last one), else None."""
+  value = None
+  for i, a in enumerate(argv):
+    if a.startswith(f"--{name}="):
+      value = a.split("=", 1)[1]
+    elif a == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+__all__ = ["UserError", "run", "guard", "fail", "one_line", "is_user_error", "debug_requested"]
