@@ -1,4 +1,5 @@
 """Evaluate a method on its task's test variations: the paper's Table 1 shape.
+(--split=train or dev evaluates those variations instead, to choose a setting without test.)
 
   python launch/eval.py --config=configs/sciworld.py:cpu --workdir=runs/cpu [--memory=both]
   python launch/eval.py --config=configs/sciworld.py:cpu --method=grpo --workdir=runs/grpo
@@ -48,6 +49,23 @@ _MEMORY = flags.DEFINE_enum(
   "without",
   ["without", "with", "both"],
   "training methods: evaluate without the run's memory (the paper's number), with it, or both",
+)
+_SPLIT = flags.DEFINE_enum(
+  "split",
+  "test",
+  ["test", "dev", "train"],
+  "the variations evaluated: test (the first env.num_test_rows; the reported number), or train "
+  "(the first env.num_train_rows) / dev (the first env.num_test_rows dev variations) to choose "
+  "a setting, e.g. the target task, without looking at test variations",
+)
+_OUT = flags.DEFINE_string(
+  "out", "", "where eval/ (table.md, table.csv, result.json) is written; default: --workdir"
+)
+_LABEL = flags.DEFINE_string(
+  "label",
+  "",
+  "the method name result.json records (launch/table.py's column; default: the method), e.g. "
+  "empo2_rule for an EMPO2 run with empo2.reflector=rule",
 )
 _INITIAL = flags.DEFINE_bool(
   "initial",
@@ -143,6 +161,27 @@ def _reflexion(trainer, config):
   return rows, result
 
 
+def use_split(trainer, config, split: str) -> list:
+  """Points `trainer`'s evaluation (its test_rows) at `split`'s variations and returns them:
+  test as built; train: the training rows (their prompt material exists); dev: the first
+  env.num_test_rows dev variations, whose prompt material is built here."""
+  from empo2_jax.train import build
+
+  if split == "train":
+    trainer.test_rows = list(trainer.train_rows)
+  elif split == "dev":
+    env = build.suite(config).local_env(build.env_config(config))
+    try:
+      rows = env.variations(config.env.task, "dev")[: config.env.num_test_rows]
+      trainer.actor.materials.update(build.materials(config, env, rows))
+    finally:
+      env.close()
+    trainer.test_rows = list(rows)
+  elif split != "test":
+    raise ValueError(f"split={split!r}; valid: test, dev, train")
+  return list(trainer.test_rows)
+
+
 def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:  # keep orbax's INFO lines out of the way
@@ -169,6 +208,7 @@ def main(argv):
   except ConfigError as e:
     cli.fail(e)  # one line, exit 2
   try:
+    rows_evaluated = use_split(trainer, config, _SPLIT.value)
     if method.trains and not _INITIAL.value:  # _check_checkpoint found a step to restore
       try:
         trainer.resume(read_only=True)
@@ -183,17 +223,22 @@ def main(argv):
       rows, result = _evaluate_policy(trainer, config, name, [False])
   finally:
     trainer.close()
-  md = write_tables(_WORKDIR.value, evaluate.with_average(rows))
+  result["extra"].update(split=_SPLIT.value, variations=[int(v) for v in rows_evaluated])
+  out_dir = _OUT.value or _WORKDIR.value
+  md = write_tables(out_dir, evaluate.with_average(rows))
   path = write_result(
-    _WORKDIR.value,
-    method=name,
+    out_dir,
+    method=_LABEL.value or name,
     task=config.env.task,
     env=config.env.name,
     returns=result["returns"],
     successes=result["successes"],
     extra=result["extra"],
   )
-  print(f"{name} on {config.env.task} ({_WORKDIR.value}, iteration {trainer.iteration})")
+  print(
+    f"{name} on {config.env.task} ({_SPLIT.value} variations: {len(rows_evaluated)}; "
+    f"{_WORKDIR.value}, iteration {trainer.iteration})"
+  )
   print(md, end="")
   print(f"result: {path}")
   if name == "reflexion":
