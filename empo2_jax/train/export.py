@@ -1,0 +1,133 @@
+"""A run's checkpoint (RL: <workdir>/checkpoints, SFT: <workdir>/sft/checkpoints) -> a Hugging Face
+directory: model.safetensors (sharded past 4 GiB) + config.json (model/hf.py's writer), the
+tokenizer files and its chat template (tokenizer.save_pretrained).
+
+    summary = export_run("runs/grpo", "runs/grpo/hf")            # the newest step
+    summary = export_run("runs/sft_learn", "out/sft", step=40)   # an SFT run's step 40
+
+Reading is read-only: orbax opens the checkpoint directory with read_only=True, so exporting
+while the run still trains neither creates nor cleans anything there. The model's architecture
+comes from the run's own config (the checkpoint's meta): the config.json of the model it started
+from, the .gguf's metadata, or the random-init preset; the tokenizer likewise (build.tokenizer).
+Restoring reads the whole train state (params and AdamW moments) onto the host, then keeps the
+params: about 3x the fp32 params of host memory at the peak.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import numpy as np
+
+from etils import epath
+
+from empo2_jax.cli import UserError
+
+KINDS = {"rl": "checkpoints", "sft": "sft/checkpoints"}
+
+
+def checkpoint_dir(workdir: str) -> tuple[str, epath.Path]:
+  """(kind, directory) of the run's checkpoints: RL if it has steps, else SFT; UserError if
+  neither has one."""
+  root = epath.Path(workdir)
+  for kind, sub in KINDS.items():
+    d = root / sub
+    if d.is_dir() and steps(d):
+      return kind, d
+  raise UserError(
+    "no checkpoint in the workdir",
+    str(workdir),
+    "pass the --workdir of a launch/train.py or launch/sft.py run that has saved a checkpoint "
+    "(<workdir>/checkpoints/<step> or <workdir>/sft/checkpoints/<step>)",
+  )
+
+
+def steps(directory: epath.Path) -> list[int]:
+  """The complete steps in an orbax directory (its temporary, unfinished ones are skipped)."""
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def restore(directory: epath.Path, step: Optional[int] = None) -> tuple[int, dict, dict]:
+  """(step, params as numpy arrays, meta) of `step` (default: the newest), read-only."""
+  import jax
+  import orbax.checkpoint as ocp
+
+  from empo2_jax.train.checkpoint import META, STATE
+
+  have = steps(directory)
+  if step is None:
+    step = have[-1]
+  elif step not in have:
+    raise UserError(f"no step {step} in the checkpoints", str(directory), f"steps there: {have}")
+  mgr = ocp.CheckpointManager(
+    directory,
+    item_names=(STATE, META),
+    options=ocp.CheckpointManagerOptions(create=False, read_only=True),
+  )
+  try:
+    out = mgr.restore(
+      step,
+      args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(), META: ocp.args.JsonRestore()}),
+    )
+  finally:
+    mgr.close()
+  train = out[STATE]["train"]
+  params = train["params"] if isinstance(train, dict) else train[0]  # TrainState(params, ...)
+  return step, jax.tree.map(np.asarray, params), dict(out[META])
+
+
+def model_config(c):
+  """The Qwen2Config of a run's config without reading any weights."""
+  from empo2_jax.model import configs as model_configs
+  from empo2_jax.model import hf
+  from empo2_jax.train import build
+
+  if not c.model.checkpoint:
+    return model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype)
+  path = build.checkpoint_path(c)
+  if hf.is_gguf(path):
+    from empo2_jax.model import gguf
+
+    reader = gguf.open_gguf(path)
+    names = [t.name for t in reader.tensors]
+    return gguf.config_from_metadata(gguf.metadata(reader), names, param_dtype=c.model.param_dtype)
+  text = (epath.Path(path) / "config.json").read_text()
+  return model_configs.Qwen2Config.from_hf_dict(json.loads(text), param_dtype=c.model.param_dtype)
+
+
+def export_run(workdir: str, out: str, step: Optional[int] = None) -> dict:
+  """Write the HF directory `out` from `workdir`'s checkpoint; returns what was written."""
+  import ml_collections
+
+  from empo2_jax.model import hf
+  from empo2_jax.train import build
+
+  kind, directory = checkpoint_dir(workdir)
+  step, params, meta = restore(directory, step)
+  if "config" not in meta:
+    raise UserError("the checkpoint's meta has no config", str(directory / str(step)), "re-save it")
+  c = ml_collections.ConfigDict(meta["config"])
+  config = model_config(c)
+  hf.save_checkpoint(out, config, params)
+  tokenizer = build.tokenizer(c)
+  if "://" in str(out):  # save_pretrained writes local files: stage them, then copy
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="empo2_tok_") as tmp:
+      tokenizer.save_pretrained(tmp)
+      for f in epath.Path(tmp).iterdir():
+        (epath.Path(out) / f.name).write_bytes(f.read_bytes())
+  else:
+    tokenizer.save_pretrained(out)
+  return {
+    "kind": kind,
+    "step": step,
+    "checkpoint": str(directory / str(step)),
+    "out": str(out),
+    "architecture": config.architecture,
+    "layers": config.num_layers,
+  }
+
+
+__all__ = ["export_run", "checkpoint_dir", "restore", "model_config", "steps"]
