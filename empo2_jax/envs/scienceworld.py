@@ -169,20 +169,28 @@ def _env_var(name: str, value: str | None) -> Iterator[None]:
 
 class ScienceWorldJvm:
   """One ScienceWorld JVM behind a py4j gateway, in its own process group (Ctrl-C spares it; the
-  owner closes it). It exits by itself when its owner process dies (py4j --die-on-broken-pipe)."""
+  owner closes it). It exits by itself when its owner process dies (py4j --die-on-broken-pipe).
+
+  The gateway listens on 127.0.0.1 and requires an auth token (py4j's --enable-auth: the JVM
+  makes a random token at start and hands it to this process through its stdout pipe), so another
+  local user or process cannot drive the JVM (a py4j gateway can call any Java method, e.g. run
+  programs). The token stays inside this object's gateway."""
 
   def __init__(self, java_tool_options: str | None = DEFAULT_JAVA_OPTIONS):
     with _env_var("JAVA_TOOL_OPTIONS", java_tool_options):
-      port, proc = launch_gateway(
+      port, token, proc = launch_gateway(
         classpath=JAR_PATH,
         die_on_exit=True,
         cwd=BASEPATH,
         return_proc=True,
         create_new_process_group=True,
+        enable_auth=True,
       )
     self.process: subprocess.Popen = proc
+    self.port = port
     self._gateway = JavaGateway(
-      gateway_parameters=GatewayParameters(auto_field=True, port=port), java_process=proc
+      gateway_parameters=GatewayParameters(auto_field=True, port=port, auth_token=token),
+      java_process=proc,
     )
     self._closed = False
 
