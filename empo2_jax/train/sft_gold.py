@@ -1,6 +1,7 @@
 """The gold data of launch/sft.py: which tasks, which variations, rendered as the actor's chats.
 
     tasks = sft_tasks(c.sft.tasks, c.env.task, ALL_TASKS)   # "" -> (c.env.task,)
+    env = gold_env(env_config)                               # gold actions run as written
     chats = gold_chats(env, tasks, variations=c.sft.variations, max_turns=10, n_few_shot=0)
     chats[k].task, chats[k].variation, chats[k].messages  # messages: train/sft.gold_chat
 
@@ -53,6 +54,21 @@ def sft_tasks(spec: str, target: str, valid: Sequence[str]) -> tuple[str, ...]:
   return tuple(dict.fromkeys(names))
 
 
+def gold_env(env_config):
+  """The local ScienceWorld env gold paths are replayed in: `env_config` (an
+  envs.scienceworld.SciWorldConfig) without the agent's step limit, so a gold path runs to its
+  end, and with action_correction="on_reject", so it runs as written: the simulator accepts every
+  gold action, while "always" would map e.g. "open door to kitchen" (already open) to "close door
+  to kitchen" and clone that (find-animal variation 0: 7 of its 10 gold actions changed)."""
+  from empo2_jax.envs.scienceworld import SciWorldEnv
+
+  return SciWorldEnv(
+    dataclasses.replace(
+      env_config, default_max_steps=1000, max_steps_overrides=(), action_correction="on_reject"
+    )
+  )
+
+
 def gold_chats(
   env,
   tasks: Sequence[str],
@@ -64,8 +80,8 @@ def gold_chats(
 ) -> list[GoldChat]:
   """Gold chats of the first `variations` TRAIN variations (0: all) of each task in `tasks`.
 
-  env: a local envs.scienceworld.SciWorldEnv without the agent's step limit (gold paths run to
-  their end); max_turns > 0 keeps each chat's first max_turns actions (the agent's step limit);
+  env: `gold_env(...)`, a local env without the agent's step limit that runs gold actions as
+  written; max_turns > 0 keeps each chat's first max_turns actions (the agent's step limit);
   n_few_shot: gold examples of the SAME task in the first prompt, as the actor's prompt material
   has them (envs/fewshot.gold_trajectories). Replays scoring <= success_score are dropped. The
   env's episode is replaced."""
@@ -85,4 +101,4 @@ def gold_chats(
   return out
 
 
-__all__ = ["GoldChat", "sft_tasks", "gold_chats"]
+__all__ = ["GoldChat", "sft_tasks", "gold_env", "gold_chats"]
