@@ -19,6 +19,8 @@
 #    deactivate, pour, mix, connect, drop, wait1). The target's gold paths never enter the data
 #    (train/sft_gold.py refuses a list that names it; <sft>/sft_data.json lists every episode).
 #    The SFT does not evaluate on any test variation (sft.eval_before/after are off in `format`).
+#    `format` also sets env.action_correction=on_reject for every later step: actions reach the
+#    simulator as written, as the cloned gold paths did (train/sft_gold.gold_env).
 # 2. choose: the SFT policy (no memory, temperature train.eval_temperature = 0.4) on the first
 #    CHOOSE_ROWS TRAIN variations of each candidate task (launch/eval.py --split=train); no test
 #    variation is looked at. The rule, fixed before measuring: among candidates whose success
@@ -34,14 +36,15 @@
 #    evaluation (launch/eval.py does it in step 4).
 # 4. eval: at each of ITERS, every run's checkpoint on ALL test variations of the target
 #    (env.num_test_rows=10000 keeps all of them), eval_repeats=1, temperature 0.4, without memory
-#    (the paper's number); the EMPO2 arms also with their memory (label <arm>_mem).
+#    (the paper's number); the EMPO2 arms also with their memory (label <arm>_mem). The SFT
+#    start itself is evaluated the same way once ($ROOT/eval/<target>/it0, label sft).
 #    launch/eval.py evaluates a run's NEWEST checkpoint, so steps 3 and 4 alternate: every run
 #    is trained to a stage, evaluated there, then trained on to the next stage.
 # 5. report: launch/table.py over each iteration's results (one column per arm, seeds averaged:
 #    mean and std over the seeds' means) and launch/plot.py over the training runs.
 #
 # Sized for this 2-core CPU machine (configs/sciworld.py:learn: 15-30 min an iteration, so the
-# arms are days of CPU; set CFG to configs/sciworld.py:gpu,format for one accelerator).
+# arms are days of CPU; BASE=configs/sciworld.py:gpu,format sizes it for one accelerator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,7 +52,7 @@ PY=${PY:-.venv/bin/python}
 ROOT=${ROOT:-runs/explore}
 BASE=${BASE:-configs/sciworld.py:learn,format}   # config spec before ",task=..."
 SFT_DIR=$ROOT/sft
-HF=$PWD/$SFT_DIR/sft/hf
+HF=$(realpath -m "$SFT_DIR/sft/hf")  # absolute: train/eval resolve it from anywhere
 CANDIDATES=${CANDIDATES:-find-non-living-thing find-animal find-plant find-living-thing lifespan-longest-lived lifespan-shortest-lived}
 CHOOSE_ROWS=${CHOOSE_ROWS:-20}
 SEEDS=${SEEDS:-0 1 2}
@@ -86,7 +89,7 @@ step_choose() {
     [ -f "$out/eval/result.json" ] && continue
     run "$PY" launch/eval.py --config="$BASE,task=$task" --method=naive --split=train \
       --config.model.checkpoint="$HF" --config.env.num_train_rows="$CHOOSE_ROWS" \
-      --config.train.eval_repeats=1 --workdir="$out"
+      --config.train.eval_repeats=1 --config.train.eval_temperature=0.4 --workdir="$out"
   done
   "$PY" - "$ROOT" $CANDIDATES <<'EOF'
 import json, sys
@@ -153,7 +156,19 @@ eval_at() {  # eval_at ARM SEED ITER: test variations, no memory (and with memor
   done
 }
 
+eval_sft_start() {  # the SFT policy on the same test variations: the arms' common start
+  local task dest
+  task=$(target)
+  dest=$ROOT/eval/$task/it0/sft
+  [ -f "$dest/eval/result.json" ] && return
+  run "$PY" launch/eval.py --config="$BASE,task=$task" --method=naive --label=sft \
+    --config.model.checkpoint="$HF" --config.env.num_test_rows=10000 \
+    --config.train.eval_repeats=1 --config.train.eval_temperature=0.4 \
+    --workdir="$dest" --out="$dest"
+}
+
 step_arms() {  # stage by stage: every run to ITER, evaluated at ITER, then the next stage
+  eval_sft_start
   for it in $ITERS; do
     for seed in $SEEDS; do
       for arm in $ARMS; do
@@ -167,7 +182,7 @@ step_arms() {  # stage by stage: every run to ITER, evaluated at ITER, then the 
 step_report() {
   local task
   task=$(target)
-  for it in $ITERS; do
+  for it in 0 $ITERS; do
     run "$PY" launch/table.py --runs="$ROOT/eval/$task/it$it" --out="$ROOT/report/it$it"
   done
   run "$PY" launch/plot.py --workdirs="$ROOT/arms/$task" --out="$ROOT/report/plots" --table
