@@ -38,6 +38,7 @@ def _episode(rng, rollout_id, n_turns, mode="on_tips"):
         episode_return=0.0,
         reward=float(rng.normal()),
         intrinsic=0.1 * len(tips),
+        advantage=float(rng.normal()),
       )
     )
     msgs = msgs + [{"role": "assistant", "content": f"go to room {t} "}]

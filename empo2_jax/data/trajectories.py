@@ -11,7 +11,8 @@ of the key, so read back by `episode_id`, not by position):
   episode_id, iteration, task, variation, group_id, rollout_id, mode, use_memory, score, success,
   env_failed, tip (the reflection written after the episode),
   turns: observation, prompt (the user message of that step, tips included), raw_action (the model's
-         text), executed_action (after correction), reward, intrinsic, num_tips, num_tokens,
+         text), executed_action (after correction), reward, intrinsic, advantage (the turn's
+         advantage in the update; NaN where it was not trained on), num_tips, num_tokens,
   tips: the tip texts shown, all turns concatenated (turn t owns num_tips[t] of them, in order),
   response_ids / sampler_logprobs: the sampled tokens and their log-probs, concatenated over turns
          (turn t owns num_tokens[t]).
@@ -36,6 +37,10 @@ _STAGING = re.compile(r"iter-(\d+)\.jsonl$")
 
 def _f32(x):
   return float(np.float32(x))  # what the float32 feature gives back
+
+
+def _or_nan(x) -> float:
+  return float("nan") if x is None else float(x)
 
 
 def episode_record(episode, iteration: int) -> dict:
@@ -65,6 +70,7 @@ def episode_record(episode, iteration: int) -> dict:
       "executed_action": [str(a) for a in e.executed[: len(turns)]],
       "reward": [_f32(t.reward) for t in turns],
       "intrinsic": [_f32(t.intrinsic) for t in turns],
+      "advantage": [_f32(_or_nan(getattr(t, "advantage", None))) for t in turns],
       "num_tips": [len(s) for s in shown[: len(turns)]],
       "num_tokens": [len(t.response_ids) for t in turns],
     },
@@ -98,6 +104,7 @@ def _features():
           "executed_action": text,
           "reward": np.float32,
           "intrinsic": np.float32,
+          "advantage": np.float32,
           "num_tips": np.int32,
           "num_tokens": np.int32,
         }

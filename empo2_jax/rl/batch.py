@@ -73,6 +73,9 @@ class Turn:
   # strategy spans, explore/sge.py); None: the rollout temperature. The update's log-probs use it.
   token_temps: Optional[list] = None
   he: bool = False  # an injected HeRL hindsight sample (explore/herl.py): HE-weighted loss
+  # This turn's advantage, set by the trainer once the iteration's advantages are computed (saved
+  # with the episodes, data/trajectories.py); None: not trained on (evaluation, env_failed).
+  advantage: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

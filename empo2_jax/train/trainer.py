@@ -284,6 +284,8 @@ class Trainer:
         invalid_penalty=c.advantage.invalid_penalty,
       )
     advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
+    for t, a in zip(turns, np.asarray(advantages, np.float64).tolist()):
+      t.advantage = a  # saved with the episodes (data/trajectories.py; launch/inspect_run.py)
     # optim.layout: one row per episode and view ("packed", rl/packing.py) or one per turn.
     fl = self._update_floor()
     if c.optim.layout == "packed":
