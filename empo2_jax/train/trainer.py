@@ -197,6 +197,21 @@ class Trainer:
     log.warning("SIGTERM: checkpointing after iteration %d, then exiting", self.iteration + 1)
     self._sigterm = True
 
+  def _stop_requested(self) -> bool:
+    """Whether to checkpoint and stop after this iteration: SIGTERM reached ANY host. Every host
+    calls this once per iteration (a collective: the flags are OR-ed across hosts), so on a pod
+    all hosts checkpoint the same iteration and exit together instead of one host leaving the
+    others hanging in the next collective."""
+    if jax.process_count() == 1:
+      return self._sigterm
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.array([self._sigterm], np.int32))
+    stop = bool(np.asarray(flags).any())
+    if stop and not self._sigterm:
+      log.warning("SIGTERM on another host: checkpointing after iteration %d", self.iteration)
+    return stop
+
   def _rows_for_iteration(self) -> list[int]:
     """rows_per_iter train rows, walking a per-epoch permutation of the training rows."""
     n, out = len(self.train_rows), []
@@ -463,9 +478,10 @@ class Trainer:
             what = f"the metrics and episodes of iteration {self.iteration}"
             raise faults.write_error(self, what, e) from e
         history.append(m)
-        if self._sigterm or last or (every_ckpt and self.iteration % every_ckpt == 0):
-          self.save_checkpoint(wait=self._sigterm)
-        if self._sigterm:
+        stop = self._stop_requested()  # multi-host: every host the same answer, same iteration
+        if stop or last or (every_ckpt and self.iteration % every_ckpt == 0):
+          self.save_checkpoint(wait=stop)
+        if stop:
           self.preempted = self.iteration < total
           break
       if self.episode_log is not None and not self.preempted and jax.process_index() == 0:
