@@ -34,7 +34,7 @@ h3 { font-size: 1em; margin: 1em 0 .3em; color: #444; }
 .mode-on { background: #3a6ea5; } .mode-on_tips { background: #7a4fa0; }
 .mode-off { background: #b5651d; } .mode-eval, .mode- { background: #666; }
 .group { display: flex; gap: 1em; overflow-x: auto; align-items: flex-start; }
-.episode { flex: 0 0 30em; background: #fff; border: 1px solid #ccc; border-radius: 4px;
+.episode { flex: 0 0 44em; background: #fff; border: 1px solid #ccc; border-radius: 4px;
   padding: .5em; }
 .episode.success { border-color: #2e8b57; border-width: 2px; }
 .meta { color: #555; font-size: .9em; }
@@ -42,7 +42,8 @@ table { border-collapse: collapse; width: 100%; margin: .4em 0; }
 td, th { border-top: 1px solid #ddd; padding: .25em; vertical-align: top; text-align: left; }
 th { font-weight: 600; color: #555; font-size: .85em; }
 pre { white-space: pre-wrap; word-break: break-word; margin: 0; font: 12px/1.35 monospace; }
-.obs pre { max-height: 12em; overflow-y: auto; background: #f4f4f4; padding: .2em; }
+td.obs { width: 50%; }
+.obs pre { max-height: 12em; overflow-y: auto; background: #f4f4f4; padding: .2em; tab-size: 2; }
 .tips { margin: .2em 0; padding-left: 1.2em; color: #5a3d7a; font-size: .9em; }
 .num { font-variant-numeric: tabular-nums; white-space: nowrap; }
 .pos { color: #1d7a3c; } .neg { color: #b22222; }
