@@ -36,6 +36,7 @@ _USER_ERRORS = (
   ("builtins", "FileNotFoundError"),
   ("builtins", "NotADirectoryError"),
   ("builtins", "IsADirectoryError"),
+  ("google.auth.exceptions", "DefaultCredentialsError"),  # gs:// without credentials
 )
 
 

@@ -8,12 +8,13 @@ train/checkpoint.py) still check everything they read.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from typing import Any
 
 from empo2_jax.cli import UserError
+from empo2_jax.remote import check as check_remote
+from empo2_jax.remote import is_remote
 
 # What Qwen2Config.from_hf_dict (model/configs.py) cannot do without; it stays the authority.
 HF_CONFIG_FIELDS = (
@@ -23,17 +24,6 @@ HF_CONFIG_FIELDS = (
   "num_hidden_layers",
   "num_attention_heads",
 )
-GCS_HINT = 'install the GCS extra: pip install "empo2_jax[gcs]" (gcsfs)'
-
-
-def is_remote(path: str) -> bool:
-  return "://" in str(path)
-
-
-def check_remote(path: str) -> None:
-  """A gs:// path needs gcsfs (etils.epath reads gs:// through fsspec's gcsfs)."""
-  if str(path).startswith("gs://") and importlib.util.find_spec("gcsfs") is None:
-    raise UserError("gs:// paths need the gcsfs package, which is not installed", path, GCS_HINT)
 
 
 def load_config(spec: str):
@@ -107,7 +97,15 @@ def check_model_path(path: str, key: str = "--config.model.checkpoint") -> None:
   """A model checkpoint: a .gguf file or a Hugging Face directory (config.json with the fields
   our model needs, safetensors files whose headers parse). Remote paths: only gcsfs is checked."""
   check_remote(path)
-  if is_remote(path):
+  if is_remote(path):  # one metadata request; the loader checks the files themselves
+    from etils import epath
+
+    if not epath.Path(path).exists():
+      raise UserError(
+        "the model checkpoint does not exist",
+        path,
+        f"check the bucket and path of {key}=gs://BUCKET/DIR (and your GCS credentials)",
+      )
     return
   if not os.path.exists(path):
     raise UserError(

@@ -86,7 +86,6 @@ CASES = [
   ("config.json not JSON", "train.py", [SCI, "--config.model.checkpoint={not_json}"], ["notjson"]),
   ("no weights", "train.py", [SCI, "--config.model.checkpoint={no_weights}"], ["noweights"]),
   ("workdir is a file", "train.py", [TINY, "--workdir={file}"], ["afile"]),
-  ("gs:// without gcsfs", "train.py", [SCI, "--config.model.checkpoint=gs://b/m"], ["gs://b/m"]),
   ("eval: empty workdir", "eval.py", [TINY, "--workdir={empty_run}"], ["emptyrun", "--initial"]),
   ("eval: misspelled workdir", "eval.py", [TINY, "--workdir={missing}"], ["does-not-exist"]),
   ("eval: workdir is a file", "eval.py", [TINY, "--workdir={file}"], ["afile"]),
@@ -105,12 +104,18 @@ CASES = [
 ]
 
 
-def _run(script, args, env_extra=None):
+def _run(script, args, env_extra=None, no_gcsfs=False):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("EMPO2_DEBUG", None)
   env.update(env_extra or {})
+  path = os.path.join(ROOT, "launch", script)
+  # no_gcsfs: the script runs as if gcsfs were not installed (None in sys.modules hides it)
+  hide = (
+    "import runpy, sys; sys.modules['gcsfs'] = None; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+  )
   return subprocess.run(
-    [sys.executable, os.path.join(ROOT, "launch", script), *args],
+    [sys.executable, *(["-c", hide] if no_gcsfs else []), path, *args],
     capture_output=True,
     text=True,
     timeout=120,
@@ -143,6 +148,13 @@ def test_debug_shows_the_traceback(how, tmp_path):
     out = _run("train.py", args, {"EMPO2_DEBUG": "1"})
   assert out.returncode not in (0, 2)
   assert "Traceback" in out.stderr and "UserError" in out.stderr
+
+
+def test_gs_path_without_gcsfs_names_the_extra(tmp_path):
+  out = _run("train.py", [SCI, "--config.model.checkpoint=gs://b/m"], no_gcsfs=True)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+  assert lines[0].startswith("error: ") and "gs://b/m" in lines[0] and "empo2_jax[gcs]" in lines[0]
 
 
 def test_one_line_keeps_the_structure():

@@ -186,26 +186,28 @@ def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
   """
   if dtype not in _NP_DTYPES:
     raise ValueError(f"dtype={dtype!r}; valid: {sorted(_NP_DTYPES)}")
-  reader = open_gguf(path)
-  try:
-    meta = metadata(reader)
-    config = config_from_metadata(
-      meta, [t.name for t in reader.tensors], param_dtype=dtype, **config_overrides
-    )
-  except CheckpointError as e:
-    raise CheckpointError(f"{path}: {e}") from e
-  except (ValueError, TypeError, IndexError, UnicodeDecodeError) as e:  # garbage metadata values
-    raise CheckpointError(f"{path}: bad GGUF metadata ({type(e).__name__}: {e}); {GGUF_FIX}") from e
-  permuted = meta["general.architecture"] == "llama"
-  np_dtype = _NP_DTYPES[dtype]
-  shapes = param_shapes(config)
-  params: dict[str, Any] = {
-    "layers": {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
-  }
-  seen: set[str] = set()
-  for tensor in reader.tensors:
-    _place(params, shapes, config, tensor, permuted, np_dtype, seen, path)
-  check_complete(path, config, seen, "GGUF", gguf_name)
+  with open_gguf(path) as reader:  # a remote file: a temporary local copy, removed after
+    try:
+      meta = metadata(reader)
+      config = config_from_metadata(
+        meta, [t.name for t in reader.tensors], param_dtype=dtype, **config_overrides
+      )
+    except CheckpointError as e:
+      raise CheckpointError(f"{path}: {e}") from e
+    except (ValueError, TypeError, IndexError, UnicodeDecodeError) as e:  # garbage metadata values
+      raise CheckpointError(
+        f"{path}: bad GGUF metadata ({type(e).__name__}: {e}); {GGUF_FIX}"
+      ) from e
+    permuted = meta["general.architecture"] == "llama"
+    np_dtype = _NP_DTYPES[dtype]
+    shapes = param_shapes(config)
+    params: dict[str, Any] = {
+      "layers": {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
+    }
+    seen: set[str] = set()
+    for tensor in reader.tensors:
+      _place(params, shapes, config, tensor, permuted, np_dtype, seen, path)
+    check_complete(path, config, seen, "GGUF", gguf_name)
   return config, params
 
 
@@ -387,9 +389,9 @@ def load_gguf_tokenizer(path: str):
   from tokenizers import Tokenizer
   from transformers import PreTrainedTokenizerFast
 
-  reader = open_gguf(path)
-  fields = reader.fields
-  meta = {k: fields[k].contents() for k in fields if k.startswith("tokenizer.")}
+  with open_gguf(path) as reader:
+    fields = reader.fields
+    meta = {k: fields[k].contents() for k in fields if k.startswith("tokenizer.")}
   backend = Tokenizer.from_str(json.dumps(tokenizer_json_from_metadata(meta)))
   tokens = meta.get("tokenizer.ggml.tokens") or []
 

@@ -10,15 +10,17 @@ naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
-import tempfile
+from typing import Iterator
 
 import numpy as np
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
+from empo2_jax import remote
 from empo2_jax.model.safetensors_io import CheckpointError
 
 GGUF_FIX = "re-download or re-convert the .gguf file"
@@ -114,24 +116,16 @@ def _looks_like_safetensors(local: str, head: bytes, size: int) -> bool:
     return f.read(1) == b"{"
 
 
-def _local_file(path: str) -> str:
-  """A local path for `path`; a remote (gs://...) file is copied to a temp dir (for mmap)."""
-  if "://" not in str(path):
-    if not os.path.isfile(path):
-      raise CheckpointError(f"{path}: no such GGUF file")
-    return str(path)
-  from etils import epath
-
-  dst = os.path.join(tempfile.mkdtemp(prefix="empo2_gguf_"), os.path.basename(str(path)))
-  with open(dst, "wb") as f:
-    f.write(epath.Path(path).read_bytes())
-  return dst
-
-
-def open_gguf(path: str):
-  """A `gguf.GGUFReader` (memory-mapped) for a local or remote .gguf file; CheckpointError
-  (naming the file, and the tensor where there is one) for a file that is not valid GGUF."""
-  return read_gguf(path, _local_file(path))
+@contextlib.contextmanager
+def open_gguf(path: str) -> Iterator[GGUFReader]:
+  """`with open_gguf(path) as reader`: a `gguf.GGUFReader` (memory-mapped) for a local or remote
+  .gguf file; a remote file is streamed to a temporary copy that is removed when the block ends
+  (empo2_jax/remote.py). CheckpointError (naming the file, and the tensor where there is one) for
+  a file that is not valid GGUF."""
+  if not remote.is_remote(path) and not os.path.isfile(path):
+    raise CheckpointError(f"{path}: no such GGUF file")
+  with remote.local_file(path) as local:
+    yield read_gguf(path, local)
 
 
 def dequantize(tensor, path: str = "GGUF file") -> np.ndarray:

@@ -8,7 +8,9 @@ flight. A malformed file raises CheckpointError naming the file and the tensor.
 `load_checkpoint("model.gguf")` hands over to `gguf.load_gguf` (llama.cpp files, dequantized).
 `save_checkpoint(dir, config, params)` writes files that transformers' AutoModelForCausalLM loads
 (LlamaForCausalLM or Qwen2ForCausalLM, by `config.attention_bias`). Paths may be local or
-anything etils.epath opens (gs://); remote files are copied to a local temp dir first.
+anything etils.epath opens (gs://): a remote directory is streamed to a temporary local copy that
+is removed when the load is done, and a remote output directory is written locally, uploaded and
+removed (empo2_jax/remote.py).
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from typing import Any, Callable, Iterator
 
 import ml_dtypes
 import numpy as np
 
+from empo2_jax import remote
 from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.model.qwen2 import param_shapes
 from empo2_jax.model.safetensors_io import (  # noqa: F401  (re-exported)
@@ -59,20 +61,6 @@ _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # ---------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------
-
-
-def _local_dir(path: str) -> str:
-  """Local directory for `path`; remote (gs://...) directories are copied to a temp dir."""
-  if "://" not in str(path):
-    return str(path)
-  from etils import epath
-
-  src = epath.Path(path)
-  dst = tempfile.mkdtemp(prefix="empo2_hf_")
-  for f in src.iterdir():
-    if f.name.endswith((".json", ".safetensors", ".txt", ".model", ".jinja")):
-      (epath.Path(dst) / f.name).write_bytes(f.read_bytes())
-  return dst
 
 
 def is_gguf(path: str) -> bool:
@@ -131,28 +119,29 @@ def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
     from empo2_jax.model import gguf
 
     return gguf.load_gguf(path, dtype=dtype, **config_overrides)
-  path = _local_dir(path)
-  config = load_config(path, param_dtype=dtype, **config_overrides)
-  np_dtype = _NP_DTYPES[dtype]
-  shapes = param_shapes(config)
-  params = {"embed": None, "final_norm": None, "layers": {}}
-  params["layers"] = {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
-  seen: set[str] = set()
-  files = _weight_files(path)
-  for file, listed in files.items():
-    names = set()
-    for name, arr in iter_safetensors(file):
-      _place(params, shapes, config, name, arr, np_dtype, seen, file)
-      names.add(name)
-    if listed is not None and listed - names:
-      raise CheckpointError(
-        f"{file}: lacks tensors {sorted(listed - names)[:8]} that "
-        f"model.safetensors.index.json places in it; {FIX}"
-      )
-  where = ", ".join(os.path.basename(f) for f in list(files)[:3]) + (
-    ", ..." if len(files) > 3 else ""
-  )
-  check_complete(path, config, seen, f"checkpoint ({where})", hf_name)
+  # gs://: the directory is streamed to a temporary copy, removed when the load is done
+  with remote.local_dir(path, suffixes=remote.WEIGHT_SUFFIXES) as path:
+    config = load_config(path, param_dtype=dtype, **config_overrides)
+    np_dtype = _NP_DTYPES[dtype]
+    shapes = param_shapes(config)
+    params = {"embed": None, "final_norm": None, "layers": {}}
+    params["layers"] = {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
+    seen: set[str] = set()
+    files = _weight_files(path)
+    for file, listed in files.items():
+      names = set()
+      for name, arr in iter_safetensors(file):
+        _place(params, shapes, config, name, arr, np_dtype, seen, file)
+        names.add(name)
+      if listed is not None and listed - names:
+        raise CheckpointError(
+          f"{file}: lacks tensors {sorted(listed - names)[:8]} that "
+          f"model.safetensors.index.json places in it; {FIX}"
+        )
+    where = ", ".join(os.path.basename(f) for f in list(files)[:3]) + (
+      ", ..." if len(files) > 3 else ""
+    )
+    check_complete(path, config, seen, f"checkpoint ({where})", hf_name)
   return config, params
 
 
@@ -249,35 +238,26 @@ def save_checkpoint(
   path: str, config: Qwen2Config, params, *, max_shard_bytes: int = 4 << 30
 ) -> None:
   """Write config.json + safetensors (sharded with an index past `max_shard_bytes`)."""
-  from etils import epath
-
-  remote = "://" in str(path)
-  local = tempfile.mkdtemp(prefix="empo2_hf_out_") if remote else str(path)
-  os.makedirs(local, exist_ok=True)
-  shards, current, size = [], {}, 0
-  for name, arr in _hf_tensors(config, params):
-    arr = np.ascontiguousarray(arr)
-    if current and size + arr.nbytes > max_shard_bytes:
-      shards.append(current)
-      current, size = {}, 0
-    current[name] = arr
-    size += arr.nbytes
-  shards.append(current)
-  if len(shards) == 1:
-    write_safetensors(os.path.join(local, "model.safetensors"), shards[0])
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      write_safetensors(os.path.join(local, fname), shard)
-      weight_map.update({k: fname for k in shard})
-    total = sum(a.nbytes for s in shards for a in s.values())
-    with open(os.path.join(local, "model.safetensors.index.json"), "w") as f:
-      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-  with open(os.path.join(local, "config.json"), "w") as f:
-    json.dump(config.to_hf_dict(), f, indent=1)
-  if remote:
-    dst = epath.Path(path)
-    dst.mkdir(parents=True, exist_ok=True)
-    for fname in os.listdir(local):
-      (dst / fname).write_bytes((epath.Path(local) / fname).read_bytes())
+  with remote.writable_dir(path) as local:  # gs://: a temp dir, uploaded, then removed
+    shards, current, size = [], {}, 0
+    for name, arr in _hf_tensors(config, params):
+      arr = np.ascontiguousarray(arr)
+      if current and size + arr.nbytes > max_shard_bytes:
+        shards.append(current)
+        current, size = {}, 0
+      current[name] = arr
+      size += arr.nbytes
+    shards.append(current)
+    if len(shards) == 1:
+      write_safetensors(os.path.join(local, "model.safetensors"), shards[0])
+    else:
+      weight_map = {}
+      for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(os.path.join(local, fname), shard)
+        weight_map.update({k: fname for k in shard})
+      total = sum(a.nbytes for s in shards for a in s.values())
+      with open(os.path.join(local, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    with open(os.path.join(local, "config.json"), "w") as f:
+      json.dump(config.to_hf_dict(), f, indent=1)

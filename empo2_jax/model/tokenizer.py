@@ -217,9 +217,9 @@ def load_tokenizer(path: Optional[str] = None):
   """A Hugging Face fast tokenizer for `path`, or the bundled Qwen2.5 one when `path` is None.
 
   `path` may be a .gguf file (the vocabulary in its metadata, see gguf.load_gguf_tokenizer), a
-  checkpoint directory with tokenizer.json, or one with only a SentencePiece tokenizer.model
-  (see spm.load_spm_tokenizer). Raises FileNotFoundError when a directory has neither. A
-  tokenizer without a chat template gets ChatML; one without a pad token pads with
+  checkpoint directory (local or gs://) with tokenizer.json, or one with only a SentencePiece
+  tokenizer.model (see spm.load_spm_tokenizer). Raises FileNotFoundError when a directory has
+  neither. A tokenizer without a chat template gets ChatML; one without a pad token pads with
   <|endoftext|> when it has that token, else with its eos token.
   """
   from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -230,7 +230,12 @@ def load_tokenizer(path: Optional[str] = None):
     from empo2_jax.model.gguf import load_gguf_tokenizer
 
     tok = load_gguf_tokenizer(path)
-  elif "://" in path or os.path.exists(os.path.join(path, "tokenizer.json")):
+  elif "://" in str(path):  # gs://: the tokenizer files (not the weights), streamed, then removed
+    from empo2_jax import remote
+
+    with remote.local_dir(path, remote.TOKENIZER_SUFFIXES, remote.TOKENIZER_SKIP) as local:
+      return load_tokenizer.__wrapped__(local)
+  elif os.path.exists(os.path.join(path, "tokenizer.json")):
     tok = AutoTokenizer.from_pretrained(path)
   elif os.path.exists(os.path.join(path, "tokenizer.model")):
     from empo2_jax.model.spm import load_spm_tokenizer

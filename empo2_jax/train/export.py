@@ -22,6 +22,7 @@ import numpy as np
 
 from etils import epath
 
+from empo2_jax import remote
 from empo2_jax.cli import UserError
 
 KINDS = {"rl": "checkpoints", "sft": "sft/checkpoints"}
@@ -89,9 +90,9 @@ def model_config(c):
   if hf.is_gguf(path):
     from empo2_jax.model import gguf
 
-    reader = gguf.open_gguf(path)
-    names = [t.name for t in reader.tensors]
-    return gguf.config_from_metadata(gguf.metadata(reader), names, param_dtype=c.model.param_dtype)
+    with gguf.open_gguf(path) as reader:
+      names, meta = [t.name for t in reader.tensors], gguf.metadata(reader)
+    return gguf.config_from_metadata(meta, names, param_dtype=c.model.param_dtype)
   text = (epath.Path(path) / "config.json").read_text()
   return model_configs.Qwen2Config.from_hf_dict(json.loads(text), param_dtype=c.model.param_dtype)
 
@@ -111,15 +112,8 @@ def export_run(workdir: str, out: str, step: Optional[int] = None) -> dict:
   config = model_config(c)
   hf.save_checkpoint(out, config, params)
   tokenizer = build.tokenizer(c)
-  if "://" in str(out):  # save_pretrained writes local files: stage them, then copy
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="empo2_tok_") as tmp:
-      tokenizer.save_pretrained(tmp)
-      for f in epath.Path(tmp).iterdir():
-        (epath.Path(out) / f.name).write_bytes(f.read_bytes())
-  else:
-    tokenizer.save_pretrained(out)
+  with remote.writable_dir(out) as local:  # gs://: a temp dir, uploaded, then removed
+    tokenizer.save_pretrained(local)
   return {
     "kind": kind,
     "step": step,
