@@ -8,8 +8,8 @@ per group: the rollouts of one task variation side by side; per episode: each tu
 tips shown, raw and executed action, reward and advantage, then the tip the agent wrote and the
 episode's score (empo2_jax/data/episodes_html.py).
 
-(Not launch/inspect.py: a script's directory comes first on sys.path, so that name would shadow
-Python's own `inspect` module for every script in launch/.)
+(Not launch/inspect.py: a script's directory comes first on the import path, so that name would
+shadow Python's own `inspect` module for every script in launch/.)
 """
 
 import argparse

@@ -12,6 +12,7 @@ import pytest
 from etils import epath
 from tensorboardX.record_writer import masked_crc32c
 
+from empo2_jax import cli
 from empo2_jax.train import checkpoint as ckpt_lib
 from empo2_jax.train import metrics as metrics_lib
 from empo2_jax.train.metrics import MetricsWriter
@@ -195,7 +196,7 @@ def test_eval_tables_and_plots_in_gs(bucket):
   assert paths == [f"gs://bkt/plots/{n}" for n in plot_names()]
   for name in plot_names():
     assert (root / "bkt/plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  with pytest.raises(SystemExit, match="metrics.jsonl"):
+  with pytest.raises(cli.UserError, match="metrics.jsonl"):  # one line, exit 2 (empo2_jax/cli.py)
     plot.find_runs(["gs://bkt/nothing"])
   assert os.listdir(cwd) == []
 

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 from configs import sweeps, sciworld
+from empo2_jax import cli
 from launch import plot, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,7 +113,7 @@ def test_plot_four_runs(tmp_path):
   assert img[..., :3].std() > 0.05  # not a blank canvas
   recs = plot.read_run(str(root / "grpo"))
   assert [r["iteration"] for r in recs] == list(range(1, 13))
-  with pytest.raises(SystemExit, match="metrics.jsonl"):
+  with pytest.raises(cli.UserError, match="metrics.jsonl"):  # one line, exit 2 (empo2_jax/cli.py)
     plot.find_runs([str(tmp_path / "nothing")])
 
 
