@@ -133,3 +133,12 @@ def test_a_missing_remote_model_is_a_user_error(gcs):
   with pytest.raises(UserError, match="does not exist"):
     preflight.check_model_path(f"{gcs}/no-such-model")
   preflight.check_workdir(f"{gcs}/new-run")  # a remote workdir that is not there yet is fine
+
+
+def test_a_broken_remote_model_names_the_remote_path_and_leaves_no_copy(
+  gcs, tmp_path, tmpdir_watch
+):
+  (tmp_path / "notes.txt").write_text("no config.json here")
+  remote.copy_file(tmp_path / "notes.txt", f"{gcs}/broken/notes.txt")
+  with pytest.raises(hf.CheckpointError, match=f"^{gcs}/broken: no config.json"):
+    hf.load_checkpoint(f"{gcs}/broken")

@@ -119,29 +119,40 @@ def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
     from empo2_jax.model import gguf
 
     return gguf.load_gguf(path, dtype=dtype, **config_overrides)
-  # gs://: the directory is streamed to a temporary copy, removed when the load is done
-  with remote.local_dir(path, suffixes=remote.WEIGHT_SUFFIXES) as path:
-    config = load_config(path, param_dtype=dtype, **config_overrides)
-    np_dtype = _NP_DTYPES[dtype]
-    shapes = param_shapes(config)
-    params = {"embed": None, "final_norm": None, "layers": {}}
-    params["layers"] = {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
-    seen: set[str] = set()
-    files = _weight_files(path)
-    for file, listed in files.items():
-      names = set()
-      for name, arr in iter_safetensors(file):
-        _place(params, shapes, config, name, arr, np_dtype, seen, file)
-        names.add(name)
-      if listed is not None and listed - names:
-        raise CheckpointError(
-          f"{file}: lacks tensors {sorted(listed - names)[:8]} that "
-          f"model.safetensors.index.json places in it; {FIX}"
-        )
-    where = ", ".join(os.path.basename(f) for f in list(files)[:3]) + (
-      ", ..." if len(files) > 3 else ""
-    )
-    check_complete(path, config, seen, f"checkpoint ({where})", hf_name)
+  # gs://: the directory is streamed to a temporary copy, removed when the load is done; errors
+  # name the remote path, not the copy
+  with remote.local_dir(path, suffixes=remote.WEIGHT_SUFFIXES) as local:
+    try:
+      return _load_dir(local, dtype, config_overrides)
+    except CheckpointError as e:
+      if local == str(path):
+        raise
+      raise CheckpointError(str(e).replace(local, str(path).rstrip("/"))) from e
+
+
+def _load_dir(path: str, dtype: str, config_overrides: dict):
+  """load_checkpoint for a local directory."""
+  config = load_config(path, param_dtype=dtype, **config_overrides)
+  np_dtype = _NP_DTYPES[dtype]
+  shapes = param_shapes(config)
+  params = {"embed": None, "final_norm": None, "layers": {}}
+  params["layers"] = {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
+  seen: set[str] = set()
+  files = _weight_files(path)
+  for file, listed in files.items():
+    names = set()
+    for name, arr in iter_safetensors(file):
+      _place(params, shapes, config, name, arr, np_dtype, seen, file)
+      names.add(name)
+    if listed is not None and listed - names:
+      raise CheckpointError(
+        f"{file}: lacks tensors {sorted(listed - names)[:8]} that "
+        f"model.safetensors.index.json places in it; {FIX}"
+      )
+  where = ", ".join(os.path.basename(f) for f in list(files)[:3]) + (
+    ", ..." if len(files) > 3 else ""
+  )
+  check_complete(path, config, seen, f"checkpoint ({where})", hf_name)
   return config, params
 
 
