@@ -162,7 +162,14 @@ def _train(config, lead):
         "eval/success",
       )
     )
-    print(f"done iterations={len(history)} workdir={_WORKDIR.value} {summary}")
+    from empo2_jax.train.hoststats import peak_rss_gib
+
+    # peak_rss_gib: this process's peak resident size (the env workers' JVMs are not in it;
+    # host/children_rss_gib in metrics.jsonl has their size)
+    print(
+      f"done iterations={len(history)} workdir={_WORKDIR.value} {summary} "
+      f"peak_rss_gib={peak_rss_gib():.2f}"
+    )
 
 
 if __name__ == "__main__":

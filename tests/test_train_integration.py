@@ -26,6 +26,8 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
     before = jax.tree.map(np.array, trainer.state.params)
     m1 = trainer.train_iteration()
     assert m1["mode"] == "off"
+    # the paper's off-policy old view is tip-free, a prompt the sampler never saw: recomputed
+    assert m1["loss/old_from_sampler"] == 0.0
     assert m1["tips_written"] > 0 and len(trainer.memory.store) > 0  # tips in memory
 
     m2 = trainer.train_iteration()

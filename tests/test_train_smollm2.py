@@ -27,8 +27,14 @@ def test_smollm2_iteration_acts_writes_tips_and_matches_sampler_logprobs(tmp_pat
     # The pretrained policy writes real text: at least one tip of more than five words.
     assert max(len(e.tip.split()) for e in eps) > 5, [e.tip for e in eps]
     assert m["memory_size"] > 0
-    # fp32: the update's recomputed old log-probs equal the sampler's (same weights, same view).
+    # fp32: the update's recomputed old log-probs equal the sampler's (same weights, same view):
+    # on-policy, the update takes the sampler's (optim.old_logprobs=sampler) and its first
+    # mini-batch's forward pass measures the difference, within rl/update.SAMPLER_LOGP_TOL.
+    from empo2_jax.rl.update import SAMPLER_LOGP_TOL
+
+    assert m["loss/old_from_sampler"] == 1.0
     assert m["loss/sampler_vs_old_logp_absdiff"] < 1e-4
+    assert m["loss/sampler_vs_old_logp_maxdiff"] <= SAMPLER_LOGP_TOL
     assert m["optim_steps"] >= 1 and np.isfinite(m["loss/loss"])
   finally:
     trainer.close()

@@ -1,6 +1,7 @@
 """WebShop through the registry and the trainer: configs/webshop.py, one tiny training iteration end
 to end (pool workers, prompts, rewards, memories), and `launch/train.py` on the tiny config."""
 
+import json
 import os
 import subprocess
 import sys
@@ -91,3 +92,8 @@ def test_launch_train_runs_the_tiny_config(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   assert "done iterations=1" in out.stdout + out.stderr
   assert (workdir / "metrics.jsonl").exists() or any(workdir.iterdir())
+  # the process's peak resident size, in the done line and in the iteration's metrics
+  done = next(ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("done "))
+  assert float(done.split("peak_rss_gib=")[1].split()[0]) > 0
+  rec = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+  assert rec["host/peak_rss_gib"] > 0 and rec["host/children_rss_gib"] >= 0

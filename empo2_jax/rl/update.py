@@ -6,7 +6,9 @@
 
 Inside one call:
   1. old log-probs of the "old" view for every row, in micro-batches, without gradient (SPEC §4:
-     the trainer recomputes them, so the ratio starts at 1 when both views agree);
+     the trainer recomputes them, so the ratio starts at 1 when both views agree), or, with
+     UpdateConfig.old_logprobs="sampler" and old_from_sampler true, the batch's `sampler_logp`
+     taken as they are (no forward pass; see "Old log-probs from the sampler" below);
   2. the low-probability sample mask from those old log-probs (SPEC §5);
   3. for each PPO epoch and each mini-batch holding samples: gradients summed over its
      micro-batches (loss denominators are that mini-batch's own token / sequence counts, so
@@ -24,6 +26,21 @@ Shapes stay static, counts are dynamic: a slot without real samples (sample_inde
 rows) takes no optimizer step, and a chunk without response tokens is neither forwarded nor
 differentiated (loops run over the non-empty ones only, in a while loop of dynamic trip count).
 So padding rows cost no compute, and the jitted update compiles once per (B, L) shape.
+
+Old log-probs from the sampler. The sampler returns each sampled token's log-prob under the
+weights the update starts from; where the old view is exactly the token sequence the sampler saw
+(modes 'on' and 'on_tips', and 'off' with ratio_variant 'release'), at the update's temperature,
+without top-k/top-p, in the same dtype, those ARE the old log-probs up to floating-point
+reassociation (sampler: chunked prefill + per-token decode against a KV cache; update: one forward
+over the packed row). On SmolLM2-135M-Instruct in fp32 at temperature 1 the two differ by at most
+3.1e-5 nats over 500 sampled response tokens (tests/test_old_logprobs.py; SAMPLER_LOGP_TOL =
+1e-3 is the tolerance). With cfg.old_logprobs="sampler" the update takes a dynamic flag
+`old_from_sampler` (bool scalar; None = True): true skips the old-view forward pass (one of the
+~5 forward-equivalents a trained token costs), false recomputes as above; one compiled program
+serves both (lax.cond), so an off-policy iteration costs no extra compile. Which iterations may
+pass true is the trainer's decision (train/settings.old_logprobs_from_sampler,
+train/trainer.py). The low-probability mask then reads the sampler's log-probs (a token within
+1e-3 of the delta threshold may flip; none in the measured batches).
 
 Precision: params are fp32 master weights (and so are the AdamW moments and the gradients); the
 model casts each weight to `compute_dtype` where it is used, so with compute_dtype=bfloat16 the
@@ -49,6 +66,14 @@ MASTER_DTYPE = "float32"
 # Batch keys of some methods (rl/batch.py): per-token sampling temperatures [B, T, R] (SGE; 0 =
 # the training temperature) and the HeRL hindsight-sample flag [B, T].
 OPTIONAL_KEYS = ("token_temperature", "he_mask")
+OLD_LOGPROBS = ("recompute", "sampler")
+# The largest |sampler_logp - recomputed old_logp| (nats, over real response tokens) accepted
+# when the update takes the sampler's log-probs as old log-probs: measured 3.1e-5 on
+# SmolLM2-135M-Instruct in fp32 at temperature 1 (tests/test_old_logprobs.py), ~30x margin.
+SAMPLER_LOGP_TOL = 1e-3
+# Per-step sums of the first mini-batch's |log-prob - old log-prob| (the sampler-vs-recompute
+# check when the old log-probs come from the sampler): kept out of the averaged step metrics.
+_DIFF_KEYS = ("_diff_sum", "_diff_n", "_diff_max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +89,14 @@ class UpdateConfig:
   ppo_epochs: int = 1
   temperature: float = 1.0  # the sampler's training temperature
   vocab_chunk: int = 8192
+  # "recompute": old log-probs by a no-grad forward pass of the old view; "sampler": the batch's
+  # sampler_logp where the caller says they are valid (old_from_sampler; module docstring).
+  old_logprobs: str = "recompute"
   loss: LossConfig = LossConfig()
 
   def __post_init__(self):
+    if self.old_logprobs not in OLD_LOGPROBS:
+      raise ValueError(f"UpdateConfig.old_logprobs must be one of {OLD_LOGPROBS}")
     for name in ("minibatch_size", "micro_rows", "ppo_epochs", "vocab_chunk"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"UpdateConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -167,9 +197,10 @@ def _map_nonempty(f, xs, keep):
 
 
 def _combine(total, met):
-  """Running combination of per-step (or per-micro-batch) metrics: sums, and a max for ratio_max."""
+  """Running combination of per-step (or per-micro-batch) metrics: sums, and a max for the keys
+  ending in _max (ratio_max, _diff_max)."""
   return {
-    k: (jnp.maximum(total[k], v) if k == "ratio_max" else total[k] + v) for k, v in met.items()
+    k: (jnp.maximum(total[k], v) if k.endswith("_max") else total[k] + v) for k, v in met.items()
   }
 
 
@@ -192,7 +223,11 @@ def make_update_fn(
   metrics: the per-step loss metrics (loss, pg_loss, clipfrac_*, ratio_mean, approx_kl, entropy,
   grad_norm, ...) averaged over the optimizer steps taken (ratio_max: their max); optim_steps;
   param_update_norm = ||params_after - params_before|| (global norm); masked_frac,
-  sampler_vs_old_logp_absdiff, old_logp_mean, n_tokens over the whole batch.
+  old_logp_mean, n_tokens over the whole batch; old_from_sampler (1.0: the old log-probs were the
+  sampler's); sampler_vs_old_logp_absdiff / _maxdiff, the mean / max over real response tokens of
+  |sampler_logp - recomputed old_logp|: over the whole batch when the old log-probs were
+  recomputed, over the first mini-batch when they came from the sampler (its first forward pass
+  runs on the unchanged weights, so its log-probs are the recomputed old ones, for free).
   """
   check_master_dtype(model_config)
   optimizer = optimizer or make_optimizer(cfg)
@@ -252,7 +287,14 @@ def make_update_fn(
     if he is not None:  # [mb, T] -> [mb, T, R]
       he = jnp.broadcast_to(he[..., None], logp.shape)
     flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])  # noqa: E731  turns
-    return policy_loss(
+    real = d["resp_mask"] > 0  # every real response token (the low-prob mask not applied)
+    diff = jnp.where(real, jnp.abs(jax.lax.stop_gradient(logp) - d["old_logp"]), 0.0)
+    diff_met = {
+      "_diff_sum": jnp.sum(diff),
+      "_diff_n": jnp.sum(real).astype(jnp.float32),
+      "_diff_max": jnp.max(diff),
+    }
+    loss, met = policy_loss(
       flat(logp),
       flat(d["old_logp"]),
       flat(d["advantages"]),
@@ -264,6 +306,7 @@ def make_update_fn(
       seq_denom=seq_denom,
       he_mask_br=flat(he),
     )
+    return loss, {**met, **diff_met}
 
   def minibatch_step(state: TrainState, d):
     """d: leaves [n_micro, mb, ...] -> one optimizer step and its metrics."""
@@ -290,7 +333,7 @@ def make_update_fn(
     params = optax.apply_updates(state.params, updates)
     return TrainState(params, opt_state, state.step + 1), met
 
-  def update(state: TrainState, batch, ref_params=None):
+  def update(state: TrainState, batch, ref_params=None, old_from_sampler=None):
     batch = as_packed(batch)
     n_rows, _, resp_len = batch["response_mask"].shape
     if n_rows % cfg.micro_rows:
@@ -327,31 +370,40 @@ def make_update_fn(
     ch = {k: _to_chunks(batch[k], n_chunks) for k in used}
     temp_c = ch.get("token_temperature")
     has_tokens_c = _any_after_first(ch["response_mask"] > 0)  # [n_chunks]
-    old_logp = no_grad_logp(
-      state.params,
-      ch["old_tokens"],
-      ch["old_attn"],
-      ch["old_starts"],
-      resp_len,
-      has_tokens_c,
-      temp_c,
-    )
-
     full_mask = batch["response_mask"]  # [B, T, R]
+    sampler_logp = jnp.where(full_mask > 0, batch["sampler_logp"], 0.0).astype(jnp.float32)
+
+    def recompute():
+      return no_grad_logp(
+        state.params,
+        ch["old_tokens"],
+        ch["old_attn"],
+        ch["old_starts"],
+        resp_len,
+        has_tokens_c,
+        temp_c,
+      )
+
+    if cfg.old_logprobs == "sampler":
+      use_sampler = jnp.asarray(True if old_from_sampler is None else old_from_sampler, jnp.bool_)
+      # One program for both: lax.cond runs only the branch taken.
+      old_logp = jax.lax.cond(use_sampler, lambda: _to_chunks(sampler_logp, n_chunks), recompute)
+    else:
+      use_sampler = jnp.asarray(False)
+      old_logp = recompute()
+
     old_flat = _from_chunks(old_logp)
     turns = lambda x: x.reshape((-1, resp_len))  # noqa: E731  [B*T, R]: one turn sample a row
     mask, masked_b = apply_low_prob_mask(turns(full_mask), turns(old_flat), lcfg)
     mask = mask.reshape(full_mask.shape)
     n_with_tokens = jnp.maximum(jnp.sum(jnp.any(full_mask > 0, axis=-1)), 1)
     n_tok = jnp.maximum(jnp.sum(full_mask), 1)
+    batch_diff = jnp.where(full_mask > 0, jnp.abs(sampler_logp - old_flat), 0.0)
     pre = {
       "masked_frac": jnp.sum(masked_b) / n_with_tokens,
-      "sampler_vs_old_logp_absdiff": jnp.sum(
-        jnp.where(full_mask > 0, jnp.abs(batch["sampler_logp"] - old_flat), 0.0)
-      )
-      / n_tok,
       "old_logp_mean": jnp.sum(jnp.where(full_mask > 0, old_flat, 0.0)) / n_tok,
       "n_tokens": jnp.sum(mask),
+      "old_from_sampler": use_sampler.astype(jnp.float32),
     }
     data = {
       "cur_tokens": ch["cur_tokens"],
@@ -360,6 +412,7 @@ def make_update_fn(
       "old_logp": old_logp,
       "advantages": ch["advantages"],
       "mask": _to_chunks(mask, n_chunks),
+      "resp_mask": ch["response_mask"],
     }
     for k in OPTIONAL_KEYS:
       if k in ch:
@@ -385,17 +438,31 @@ def make_update_fn(
 
     met_shape = jax.eval_shape(lambda s: minibatch_step(s, _index(data, 0))[1], state)
     met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
+    first0 = {k: met0.pop(k) for k in _DIFF_KEYS}
 
     def step(k, carry):
-      state, met_sum = carry
+      state, met_sum, first, n_done = carry
       state, met = minibatch_step(state, _index(data, k))
-      return state, _combine(met_sum, met)
+      diff = {key: met.pop(key) for key in _DIFF_KEYS}  # kept for the first step only
+      first = jax.tree.map(lambda a, b: jnp.where(n_done == 0, b, a), first, diff)
+      return state, _combine(met_sum, met), first, n_done + 1
 
     def epoch(_, carry):
       return _nonempty_loop(has_samples_s, step, carry)
 
     params_before = state.params
-    state, met_sum = jax.lax.fori_loop(0, cfg.ppo_epochs, epoch, (state, met0))
+    carry0 = (state, met0, first0, jnp.zeros((), jnp.int32))
+    state, met_sum, first, _ = jax.lax.fori_loop(0, cfg.ppo_epochs, epoch, carry0)
+    # sampler vs recomputed old log-probs: the whole batch when recomputed, else the first step's
+    # forward pass (unchanged weights, so its log-probs are the recomputed old ones).
+    pre["sampler_vs_old_logp_absdiff"] = jnp.where(
+      use_sampler,
+      first["_diff_sum"] / jnp.maximum(first["_diff_n"], 1),
+      jnp.sum(batch_diff) / n_tok,
+    )
+    pre["sampler_vs_old_logp_maxdiff"] = jnp.where(
+      use_sampler, first["_diff_max"], jnp.max(batch_diff)
+    )
     steps = cfg.ppo_epochs * jnp.sum(has_samples_s.astype(jnp.int32))
     met = {k: (v if k == "ratio_max" else v / jnp.maximum(steps, 1)) for k, v in met_sum.items()}
     met["optim_steps"] = steps

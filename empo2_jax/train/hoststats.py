@@ -4,7 +4,11 @@
 `/jax/core/compile/backend_compile_duration` event) so a run shows when new shapes are compiled
 (`host/compiles`, `host/compile_s`): a steady stream of compiles late in a run means the batch
 shapes are not bucketed. `release_host_memory` runs after an iteration and returns the resident
-size it leaves (`host/rss_gib`).
+size it leaves (`host/rss_gib`). `peak_rss_gib` is the trainer process's peak resident size so far
+(`host/peak_rss_gib`, and `peak_rss_gib=` in launch/train.py's `done` line): the kernel's high-water
+mark of this process alone. The env workers and their JVMs are separate processes (children of
+this one, still running, so RUSAGE_CHILDREN, which counts only children waited for, would miss
+them): `children_rss_gib` sums their current resident sizes (`host/children_rss_gib`).
 """
 
 from __future__ import annotations
@@ -91,3 +95,41 @@ def release_host_memory() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def peak_rss_gib() -> float:
+  """This process's peak resident size so far in GiB (getrusage ru_maxrss: KiB on Linux, bytes on
+  macOS; monotone over the process's life)."""
+  import resource
+
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def _children(pid: int) -> list[int]:
+  out = []
+  try:
+    for task in os.listdir(f"/proc/{pid}/task"):
+      with open(f"/proc/{pid}/task/{task}/children") as f:
+        out += [int(x) for x in f.read().split()]
+  except (OSError, ValueError):
+    pass
+  return out
+
+
+def children_rss_gib(pid: int | None = None) -> float:
+  """Current resident size in GiB of every live descendant of `pid` (default: this process), e.g.
+  the env pool's workers and their JVMs; 0.0 without /proc. Shared pages count once per process."""
+  total, todo, seen = 0, _children(os.getpid() if pid is None else pid), set()
+  while todo:
+    child = todo.pop()
+    if child in seen:
+      continue
+    seen.add(child)
+    todo += _children(child)
+    try:
+      with open(f"/proc/{child}/statm") as f:
+        total += int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):  # exited meanwhile
+      pass
+  return total * os.sysconf("SC_PAGE_SIZE") / 2**30

@@ -23,6 +23,7 @@ def update_config(c) -> update_lib.UpdateConfig:
     micro_rows=c.optim.micro_rows,
     ppo_epochs=c.optim.epochs,
     temperature=c.rollout.temperature,
+    old_logprobs=old_logprobs_source(c)[0],
     loss=LossConfig(
       clip_eps_low=c.loss.eps_low,
       clip_eps_high=c.loss.eps_high,
@@ -36,6 +37,47 @@ def update_config(c) -> update_lib.UpdateConfig:
       he_gamma=c.herl.gamma_s,
     ),
   )
+
+
+def old_logprobs_source(c) -> tuple[str, str]:
+  """("sampler" | "recompute", why): where the update's old log-probs come from (static: it
+  decides the jitted program, rl/update.py "Old log-probs from the sampler").
+
+  optim.old_logprobs="sampler" takes effect only where the sampler's per-token log-probs are, up
+  to fp reassociation, what the update's old-view forward pass would compute (measured and
+  tolerated: rl/update.SAMPLER_LOGP_TOL): fp32 sampling and update (model.compute_dtype ==
+  rollout.cache_dtype == float32; bf16 has not been measured), temperature > 0 without top-k /
+  top-p (the sampler's log-probs are under the filtered distribution), and none of the methods
+  whose trained tokens were sampled otherwise: SGE (per-token temperatures), HeRL (guided
+  samples at herl.temperature), SPA. Otherwise "recompute". Per iteration the trainer further
+  requires that the old view is the sampled one (old_logprobs_from_sampler)."""
+  if c.optim.old_logprobs not in update_lib.OLD_LOGPROBS:
+    raise ValueError(
+      f"optim.old_logprobs={c.optim.old_logprobs!r}; valid: {update_lib.OLD_LOGPROBS}"
+    )
+  if c.optim.old_logprobs == "recompute":
+    return "recompute", "optim.old_logprobs=recompute"
+  r, m = c.rollout, c.model
+  if not (m.compute_dtype == r.cache_dtype == "float32"):
+    why = f"compute_dtype={m.compute_dtype} cache_dtype={r.cache_dtype} (measured in float32 only)"
+  elif r.temperature <= 0 or r.top_p < 1 or r.top_k > 0:
+    why = f"temperature={r.temperature} top_p={r.top_p} top_k={r.top_k}"
+  elif c.sge.enabled or c.herl.enabled or c.spa.enabled:
+    why = "SGE / HeRL / SPA train tokens sampled at other temperatures or prompts"
+  else:
+    return "sampler", "on-policy iterations take the sampler's log-probs"
+  return "recompute", why
+
+
+def old_logprobs_from_sampler(mode: str, ratio_variant: str, batch: dict) -> bool:
+  """Whether this iteration's batch may use its sampler_logp as old log-probs (the update built
+  with old_logprobs="sampler"): the old view of every turn is the prompt the sampler saw (modes
+  'on', 'on_tips'; 'off' only with ratio_variant 'release', whose old view keeps the tips; the
+  paper's off-policy old view is tip-free, a prompt never sampled) and no turn carries per-token
+  temperatures or a HeRL hindsight flag."""
+  if batch_lib.views_for(mode, ratio_variant)[1] != "tips":
+    return False
+  return "token_temperature" not in batch and "he_mask" not in batch
 
 
 def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
@@ -66,7 +108,9 @@ def actor_settings(c) -> ActorSettings:
     intrinsic_reward=explore_config.intrinsic_kind(c) == "count",
     memory_key=c.empo2.memory_key,
     memory_key_text=c.empo2.memory_key_text,
+    tip_chat=c.empo2.tip_chat,
     cache_dtype=c.rollout.cache_dtype,
+    reflector=c.empo2.reflector,
   )
 
 

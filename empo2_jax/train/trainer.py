@@ -30,7 +30,12 @@ from empo2_jax.rl import update as update_lib
 from empo2_jax.train import build
 from empo2_jax.train import checkpoint as ckpt_lib
 from empo2_jax.train import faults, settings
-from empo2_jax.train.hoststats import CompileCounter, release_host_memory
+from empo2_jax.train.hoststats import (
+  CompileCounter,
+  children_rss_gib,
+  peak_rss_gib,
+  release_host_memory,
+)
 from empo2_jax.train.faults import NonFiniteError
 from empo2_jax.train.metrics import MetricsWriter, is_remote
 
@@ -65,6 +70,12 @@ class Trainer:
     self.tokenizer = build.tokenizer(c)
     self.mesh = build.mesh(c)
     self.update_cfg = settings.update_config(c)
+    source, why = settings.old_logprobs_source(c)
+    if c.optim.old_logprobs == "sampler" and source != "sampler":
+      log.info("optim.old_logprobs=sampler not applicable (%s): recomputing old log-probs", why)
+    # Set when an iteration's sampler log-probs disagreed with the recomputed ones by more than
+    # rl/update.SAMPLER_LOGP_TOL: the rest of the run (this process) recomputes them.
+    self.old_logprobs_fallback = False
     self.batch_cfg = settings.batch_config(c, self.tokenizer.pad_token_id)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     # optim.update_shapes="grow": the largest update shape so far (checkpointed; see defaults.py)
@@ -333,7 +344,8 @@ class Trainer:
         from empo2_jax.parallel import sharding as shd
 
         batch = shd.shard_batch(batch, self.mesh)
-      self.state, upd = self._update(self.state, batch, *args)
+      from_sampler = self._old_from_sampler(mode, batch)
+      self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
       # Loss metrics are per-step means; optim_steps and param_update_norm (the global norm of
       # this iteration's weight change) describe the whole update and keep their own names.
       upd = {
@@ -346,6 +358,7 @@ class Trainer:
           f"steps for {layout['num_minibatches']} mini-batches x "
           f"{c.optim.epochs} epochs"
         )
+      self._check_sampler_logp(it, upd)
     else:
       upd = {"optim_steps": 0.0, "param_update_norm": 0.0}
     timing["time/update"] = time.perf_counter() - t0
@@ -390,6 +403,29 @@ class Trainer:
     self.last_episodes = episodes
     return out
 
+  def _old_from_sampler(self, mode: str, batch: dict) -> np.bool_:
+    """The update's old_from_sampler flag for this iteration (train/settings.py)."""
+    ok = self.update_cfg.old_logprobs == "sampler" and not self.old_logprobs_fallback
+    ok = ok and settings.old_logprobs_from_sampler(mode, self.config.empo2.ratio_variant, batch)
+    return np.bool_(ok)
+
+  def _check_sampler_logp(self, it: int, upd: dict) -> None:
+    """After an update that took the sampler's log-probs as old log-probs: if its first
+    mini-batch's recomputed log-probs (loss/sampler_vs_old_logp_maxdiff) differ from them by more
+    than rl/update.SAMPLER_LOGP_TOL, warn and recompute old log-probs for the rest of the run.
+    The update already taken stands: its first step's ratio was off by at most that difference,
+    which PPO's clipping bounds."""
+    diff = upd.get("loss/sampler_vs_old_logp_maxdiff", 0.0)
+    if upd.get("loss/old_from_sampler") and not diff <= update_lib.SAMPLER_LOGP_TOL:
+      log.warning(
+        "iteration %d: sampler log-probs differ from the recomputed ones by up to %.3g nats "
+        "(tolerance %.3g): recomputing old log-probs from now on",
+        it + 1,
+        diff,
+        update_lib.SAMPLER_LOGP_TOL,
+      )
+      self.old_logprobs_fallback = True
+
   def eval_episodes(self, with_memory: bool = False):
     """Test variations x eval_repeats at eval_temperature; WITHOUT memory unless asked (SPEC §1).
     Memory is read, never written, during evaluation."""
@@ -417,6 +453,8 @@ class Trainer:
         mode="eval",
         reflect=False,
         notes=None if notes is None else notes[part],
+        # test variations have no slot: they read the task's slots only where asked
+        memory_fallback=c.memory.unseen_fallback == "task",
       )
     return episodes
 
@@ -468,6 +506,8 @@ class Trainer:
         m["host/compiles"] = compiles - compiles0
         m["host/compile_s"] = compile_s - compile_s0
         m["host/rss_gib"] = release_host_memory()
+        m["host/peak_rss_gib"] = peak_rss_gib()  # this process; the env processes: below
+        m["host/children_rss_gib"] = children_rss_gib()
         # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
         if jax.process_index() == 0:
           try:
