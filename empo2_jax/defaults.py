@@ -31,6 +31,10 @@ def get_config(arg=None):
     param_dtype="float32",
     compute_dtype="bfloat16",
     remat="full",
+    # Cache-free (update / scoring) attention: "flash" (blockwise, online softmax, a backward
+    # that recomputes the score tiles: nothing [T, T]-sized kept for the gradient) or "dense"
+    # (full score rows per query block); model/attention.py, bench/attention.py.
+    attention_impl="flash",
   )
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
 

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots_saveable")
+ATTENTION_IMPLS = ("flash", "dense")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -70,7 +71,13 @@ class Qwen2Config:
   # Cache-free (training / scoring) forward: queries in blocks of this many positions, each
   # attending only to the keys up to its block's end (the causal mask disallows the rest), which
   # skips ~half the score matrix's flops and memory traffic. 0: one block (the full matrix).
-  attention_block: int = 1024
+  # "flash" also cuts the keys into blocks of this length (bench/attention.py: 512 was faster
+  # than 1024 and compiled faster than 256 at 2,048 tokens on XLA:CPU).
+  attention_block: int = 512
+  # Cache-free attention: "flash" (model/attention.py: `attention_block`-sized query and key
+  # tiles, online softmax, a backward that recomputes the tiles; nothing [T, T]-sized is kept for
+  # the gradient) or "dense" (each query block's full float32 score rows, kept by autodiff).
+  attention_impl: str = "flash"
   # Cached (sampler) forward: keys are read from the cache in blocks of this many slots with an
   # online softmax, and only the blocks below the furthest query's slot are read, so a decode step
   # costs the filled part of the cache, not its allocated length.
@@ -90,6 +97,8 @@ class Qwen2Config:
       raise ValueError(f"remat={self.remat!r}; valid: {REMAT_POLICIES}")
     if self.attention_block < 0:
       raise ValueError(f"attention_block={self.attention_block} must be >= 0 (0: no blocking)")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl={self.attention_impl!r}; valid: {ATTENTION_IMPLS}")
     if self.cache_block < 1:
       raise ValueError(f"cache_block={self.cache_block} must be >= 1")
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):

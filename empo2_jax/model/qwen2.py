@@ -35,6 +35,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.model.attention import flash_attention
 from empo2_jax.model.configs import Qwen2Config
 from empo2_jax.parallel.sharding import BATCH_AXES, shard_activation
 
@@ -336,11 +337,14 @@ def forward(
   cos, sin = rope_cos_sin(positions, rope_inv_freq(c))
 
   if cache is None:
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    allowed = causal[None] & (attention_mask[:, None, :] > 0)
+    if c.attention_impl == "dense":
+      causal = jnp.tril(jnp.ones((t, t), bool))
+      allowed = causal[None] & (attention_mask[:, None, :] > 0)
 
     def body(x, layer):
       def attend(q, k, v):
+        if c.attention_impl == "flash":
+          return flash_attention(q, k, v, attention_mask, block=c.attention_block, dtype=dt), None
         return _attend_causal(q, k, v, allowed, dt, c.attention_block), None
 
       return decoder_layer(c, x, layer, cos, sin, attend)[0], None

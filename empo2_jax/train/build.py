@@ -162,7 +162,11 @@ def checkpoint_path(c) -> str:
 def policy(c):
   """(model config, params on device) from a checkpoint (HF dir, .gguf, embedded) or a seeded
   random init."""
-  overrides = dict(compute_dtype=c.model.compute_dtype, remat=c.model.remat)
+  overrides = dict(
+    compute_dtype=c.model.compute_dtype,
+    remat=c.model.remat,
+    attention_impl=c.model.attention_impl,
+  )
   if c.model.checkpoint:
     config, params = hf.load_checkpoint(checkpoint_path(c), dtype=c.model.param_dtype, **overrides)
   else:
