@@ -48,9 +48,10 @@ def get_config(arg=None):
     workers=0,  # env pool processes; 0: one per usable CPU, at most the episodes per iteration
     call_timeout_s=120.0,
     max_retries=3,
-    # 'on_reject': Jaccard-correct only text the parser rejects; 'always' (release): every
-    # action. Ambiguous requests are answered with option 0 in the same step in both.
-    action_correction="on_reject",
+    # 'always' (the authors' code, both versions): every action is Jaccard-corrected to a valid
+    # one; 'on_reject' (ours): only text the parser rejects. Ambiguous requests are answered
+    # with option 0 in the same step in both (docs/fidelity.md).
+    action_correction="always",
     few_shot=2,  # gold example episodes (train variations) in the first prompt
     # hashCode=2 (constant identity hash): the simulator lists objects in hash-set order,
     # which otherwise depends on the JVM's history; with it a reset is reproducible in any
@@ -80,10 +81,21 @@ def get_config(arg=None):
     tip_max_new_tokens=128,
     tip_temperature=1.0,
     memory_key="step",  # 'step' (paper-era: each step's transcript) or 'final' (release)
-    memory_key_text="recent",  # 'recent' (ours: task + latest lines) or 'chat' (release: the
-    # chat's first 256 word pieces); agent/actor.py
+    # 'chat' (the authors' code, both versions: the tip-free chat so far as MiniLM sees it, its
+    # first 256 word pieces) or 'recent' (ours: task + latest lines); agent/actor.py
+    memory_key_text="chat",
+    # The chat a tip is written from: 'paper' (paper-era: tip-free history, no last observation,
+    # no score), 'release' (tips as plain text, the last observation) or 'outcome' (ours: tips
+    # kept, the last observation and the final score); memory/reflect.reflection_chat
+    tip_chat="paper",
+    # Who writes the tip: "policy" (the method) or "rule" (a mechanism check: the score-raising
+    # actions and the unmet subgoals, no model; memory/rule_tip.py)
+    reflector="policy",
   )
-  c.memory = dict(max_entries=1000, threshold=0.5, top_k=10, encoder_dir="")
+  # One memory slot per training variation (docs/fidelity.md). A variation without a slot
+  # retrieves nothing in training; unseen_fallback='task' lets an evaluation with memory on test
+  # variations and launch/adapt.py read the task's other slots instead ('none': nothing).
+  c.memory = dict(max_entries=1000, threshold=0.5, top_k=10, encoder_dir="", unseen_fallback="task")
 
   c.loss = dict(
     eps_low=0.2,
@@ -112,9 +124,13 @@ def get_config(arg=None):
     minibatch_size=128,
     micro_rows=8,
     epochs=1,
-    max_prompt_len=4500,
+    # paper-era: a turn sample longer than 8192 tokens (prompt + 32-token response) is dropped
+    max_prompt_len=8160,
     prompt_len_check="both",  # or 'tip_free' (release): rl/batch.py
-    layout="packed",  # or 'turn': one row per turn sample (rl/batch.py)
+    # 'turn' (the authors): one row per turn sample, mini-batches of turn samples shuffled across
+    # the iteration; 'packed' (ours, the CPU variants): one row per episode and view, so a
+    # mini-batch holds whole episodes (the same first-order update, noisier steps; rl/batch.py)
+    layout="turn",
     update_shapes="grow",
     # 'sampler': on-policy iterations take the sampler's per-token log-probs as the old
     # log-probs (no old-view forward pass) where they are valid; 'recompute': always a no-grad
@@ -151,7 +167,10 @@ def get_config(arg=None):
   )  # save_episodes: TFDS dataset (data/trajectories.py)
   # launch/sft.py: behaviour cloning on gold trajectories of TRAIN variations (train/sft.py),
   # before RL. variations: how many train variations (0: all); steps x batch_rows rows.
+  # tasks: "" = the target task env.task; else comma-separated OTHER tasks (a format-only warm
+  # start: their gold paths teach the action format, never the target's; the target is refused).
   c.sft = dict(
+    tasks="",
     variations=0,
     steps=100,
     batch_rows=4,
@@ -236,6 +255,9 @@ def small_cpu(c, *, max_new_tokens: int, max_context: int, iterations: int, eval
   c.empo2.q_offpolicy = 0.5
   c.optim.minibatch_size = 4
   c.optim.micro_rows = 1
+  # Packed rows: each token is computed once per episode instead of once per turn, the
+  # difference that lets these runs fit a CPU (docs/fidelity.md, mini-batch composition).
+  c.optim.layout = "packed"
   c.optim.max_prompt_len = max_context - max_new_tokens
   c.train.iterations = iterations
   c.train.eval_every = eval_every

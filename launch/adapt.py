@@ -76,6 +76,7 @@ def adapt_run(config, workdir: str) -> dict:
       _TRIALS.value,
       temperature=config.train.eval_temperature,
       rng=jax.random.fold_in(trainer.rng, 30_000_000),
+      memory_fallback=config.memory.unseen_fallback == "task",
     )
     if _fingerprint(params) != before or _fingerprint(trainer._sampling_params()) != before:
       raise RuntimeError("the policy's weights changed during adaptation")

@@ -33,7 +33,11 @@ def _material(desc="Your task is to find a(n) animal."):
 def test_key_keeps_task_and_current_observation_within_window(encoder):
   store = MemoryStore(dim=encoder.dim)
   actor = Actor(
-    None, load_tokenizer(), {(TASK, 1): _material()}, Memory(encoder, store, MemoryIndex(store))
+    None,
+    load_tokenizer(),
+    {(TASK, 1): _material()},
+    Memory(encoder, store, MemoryIndex(store)),
+    ActorSettings(memory_key_text="recent"),
   )
   ep = Episode(TASK, 1, 0, 0, "on", True)
   for t in range(60):  # a long episode: far more text than 256 word pieces
@@ -52,7 +56,7 @@ def test_key_keeps_task_and_current_observation_within_window(encoder):
   assert full.ids[-1] == encoder.tokenizer.token_to_id("[SEP]") and not full.overflowing
 
 
-def test_unseen_variation_searches_all_slots_of_the_task(encoder):
+def test_unseen_variation_reads_nothing_unless_the_fallback_is_asked(encoder):
   store = MemoryStore(dim=encoder.dim)
   index = MemoryIndex(store, RetrievalConfig(threshold=0.5, top_k=3))
   texts = {
@@ -68,8 +72,11 @@ def test_unseen_variation_searches_all_slots_of_the_task(encoder):
   mem = Memory(encoder, store, index)
   own, unseen = mem.retrieve([(TASK, 1), (TASK, 7)], [key, key])
   assert own == ["tip b", "tip a"]  # its own slot only, best score first
+  assert unseen == []  # the authors' per-variation memory: no slot, no tips
+  own, unseen = mem.retrieve([(TASK, 1), (TASK, 7)], [key, key], fallback=True)
+  assert own == ["tip b", "tip a"]
   assert unseen == ["tip b", "tip c", "tip a"]  # every find-animal slot, merged by score
-  assert mem.retrieve([("chemistry-mix", 1)], [key]) == [[]]
+  assert mem.retrieve([("chemistry-mix", 1)], [key], fallback=True) == [[]]
 
 
 def _chat_actor(encoder, **settings):

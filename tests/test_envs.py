@@ -35,7 +35,8 @@ GOLD_CASES = [
 
 @pytest.fixture(scope="module")
 def env():
-  e = SciWorldEnv()
+  # raw actions as written (the parity tests compare with the library's own step)
+  e = SciWorldEnv(SciWorldConfig(action_correction="on_reject"))
   yield e
   e.close()
 

@@ -22,19 +22,30 @@ def _cpu(**overrides):
   return c
 
 
-def test_defaults_are_ours_and_valid():
+def test_defaults_are_the_authors_and_valid():
   c = sciworld.get_config()
-  assert (c.empo2.memory_key, c.empo2.memory_key_text) == ("step", "recent")
-  assert c.env.action_correction == "on_reject" and c.optim.prompt_len_check == "both"
+  assert (c.empo2.memory_key, c.empo2.memory_key_text) == ("step", "chat")
+  assert c.env.action_correction == "always" and c.optim.prompt_len_check == "both"
+  assert c.empo2.tip_chat == "paper" and c.optim.layout == "turn"
   check_config(_cpu())
-  # the release's behaviour is a valid combination
+  # the release's behaviour and our alternatives are valid combinations
   check_config(
     _cpu(
       **{
         "empo2.memory_key": "final",
         "empo2.memory_key_text": "chat",
-        "env.action_correction": "always",
+        "empo2.tip_chat": "release",
         "optim.prompt_len_check": "tip_free",
+      }
+    )
+  )
+  check_config(
+    _cpu(
+      **{
+        "empo2.memory_key_text": "recent",
+        "empo2.tip_chat": "outcome",
+        "env.action_correction": "on_reject",
+        "memory.unseen_fallback": "none",
       }
     )
   )
@@ -51,6 +62,8 @@ def test_defaults_are_ours_and_valid():
     ("empo2.memory_key_text", "full", "memory_key_text='full'; valid: recent, chat"),
     ("env.action_correction", "never", "action_correction='never'; valid: on_reject, always"),
     ("optim.prompt_len_check", "tips", "prompt_len_check='tips'; valid: both, tip_free"),
+    ("empo2.tip_chat", "ours", "tip_chat='ours'; valid: paper, release, outcome"),
+    ("memory.unseen_fallback", "all", "unseen_fallback='all'; valid: task"),
   ],
 )
 def test_bad_switch_values_fail_clearly(path, value, message):
@@ -59,5 +72,6 @@ def test_bad_switch_values_fail_clearly(path, value, message):
 
 
 def test_action_correction_reaches_the_env_config():
-  assert build.env_config(_cpu(**{"env.action_correction": "always"})).action_correction == "always"
-  assert build.env_config(_cpu()).action_correction == "on_reject"
+  on_reject = _cpu(**{"env.action_correction": "on_reject"})
+  assert build.env_config(on_reject).action_correction == "on_reject"
+  assert build.env_config(_cpu()).action_correction == "always"

@@ -8,30 +8,32 @@ Per step, for every running episode: retrieve tips (memory rollouts: MiniLM key 
 far -> cosine > threshold -> top-k by score), build the user message, tokenize the whole chat, and
 make ONE `Session.step` call for all of them (prefix reuse: only new tokens are prefilled). The raw
 model text goes into the chat; the pool corrects it to a valid action (word-level Jaccard) and
-steps the simulators. After the last step, one more session call writes every episode's tip (the
-tip chat extends the cached history), and the tips go into memory (SPEC §2-3).
+steps the simulators. After the last step, one more session call writes every episode's tip (from
+the chat `settings.tip_chat` builds: memory/reflect.reflection_chat), and the tips go into memory
+(SPEC §2-3).
 
 Randomness: episode i (its index in `specs`) samples step t with fold_in(fold_in(k_steps, t), i)
 and its tip with fold_in(k_reflect, i), (k_steps, k_reflect) = split(rng): what an episode draws
 does not depend on the other episodes or on the host that runs it (multi-host: agent/hosts.py).
 
-Memory keys (SPEC §3), two switches:
-  memory_key_text "recent" (ours): the task line, then as many of the most recent observation/action
-                  lines as fit MiniLM's 256 word pieces (dropped from the front). The full chat
-                  would fill that window with the first prompt's boilerplate (few-shot examples,
-                  templates) and make every key look alike.
-                  "chat" (the release's): the chat so far, "user: ..." / "assistant: ..." lines
-                  joined (no system message; earlier turns keep their tip blocks; the current user
-                  message without tips), cut to the first 256 word pieces, i.e. what the encoder
-                  sees of the whole chat. With the few-shot prompt this is the first user
-                  message's head: every step of a variation gets (nearly) the same key.
+Memory keys (docs/fidelity.md), two switches:
+  memory_key_text "chat" (default; the authors' code, both versions): the chat so far as
+                  "user: ..." / "assistant: ..." lines (no system message, tip blocks removed,
+                  the current user message included), cut to the first 256 word pieces, i.e.
+                  what the encoder sees of the whole chat. With the few-shot prompt this is the
+                  first user message's head: every step of a variation gets (nearly) the same key.
+                  "recent" (ours): the task line, then as many of the most recent
+                  observation/action lines as fit MiniLM's 256 word pieces (dropped from the
+                  front), so that keys differ between steps.
   memory_key      "step" (paper-era): each step's memory is keyed by the key its step retrieved
                   with; "final" (release): all steps of an episode by the key of its end
                   ("recent": the lines up to the final observation; "chat": the whole chat).
 The release's behaviour is memory_key="final" with memory_key_text="chat".
 
-Retrieval for a variation that has no memory slot of its own (test variations in an evaluation
-with memory) searches all of that task's slots and merges the hits by score.
+A variation that has no memory slot of its own retrieves nothing (n = 0, r_int = 1), as in the
+authors' per-variation memory; only where the caller asks (`memory_fallback`: an evaluation with
+memory on test variations, launch/adapt.py; config `memory.unseen_fallback`) does it search all of
+that task's slots and merge the hits by score (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ from empo2_jax.agent.episode import MEMORY_KEY_TEXTS, MEMORY_KEYS, ActorSettings
 from empo2_jax.agent.episode_keys import EpisodeKeys
 from empo2_jax.agent.materials import PromptMaterial, material_for
 from empo2_jax.agent.memory import Memory, chat_key, recent_key
-from empo2_jax.memory.reflect import MemoryWrite, clean_tip, memory_text, tip_chat
+from empo2_jax.memory.reflect import MemoryWrite, clean_tip, memory_text, reflection_chat
 from empo2_jax.memory.rewards import intrinsic_reward
+from empo2_jax.memory.rule_tip import episode_rule_tip
 from empo2_jax.memory.sync import gather_and_commit
 from empo2_jax.model.chat import ChatTokens
 from empo2_jax.model.tokenizer import stop_ids
@@ -142,6 +145,7 @@ class Actor:
     iteration: int = 0,
     notes: Optional[Sequence[str]] = None,
     sampler=None,
+    memory_fallback: bool = False,
   ) -> list[Episode]:
     """specs: (task, variation, group_id) per episode. Returns finished episodes in spec order.
 
@@ -150,6 +154,8 @@ class Actor:
     sampler: optional per-step sampler replacing the single session call (explore/hooks.py:
     SGE's two-phase sampling), sampler(actor, session, requests, key, episodes, temperature=,
     keep_prefix=) -> {i: (ids, logprobs, per-token temperatures)}.
+    memory_fallback: a variation without a memory slot reads its task's other slots
+    (agent/memory.Memory.retrieve); False (training, the authors' per-variation memory): nothing.
 
     Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
     steps only its share (`hosts.host_share`) in its own pool, with `params` on its own devices
@@ -186,7 +192,9 @@ class Actor:
         mesh=self.mesh,
         engine=engine,
       )
-      self._run_episodes(session, episodes, use_memory, temperature, k_steps, stats, sampler)
+      self._run_episodes(
+        session, episodes, use_memory, temperature, k_steps, stats, sampler, memory_fallback
+      )
     if reflect and self.memory is not None:
       with self._timed("reflect"):
         stats.update(self._reflect(session, episodes, k_reflect, iteration))
@@ -208,6 +216,7 @@ class Actor:
     rng: jax.Array,
     stats: dict,
     sampler=None,
+    memory_fallback: bool = False,
   ) -> None:
     """Steps `episodes` (this host's) to their ends in lock-step; step t samples with
     fold_in(fold_in(rng, t), episode index)."""
@@ -228,7 +237,9 @@ class Actor:
       with self._timed("retrieval"):
         keys = [self._key(episodes[i], obs[i]) for i in live]
         tips = (
-          self.memory.retrieve([(episodes[i].task, episodes[i].variation) for i in live], keys)
+          self.memory.retrieve(
+            [(episodes[i].task, episodes[i].variation) for i in live], keys, memory_fallback
+          )
           if use_memory
           else [[] for _ in live]
         )
@@ -338,10 +349,9 @@ class Actor:
 
   # ------------------------------------------------------------------------------------------
   def _tip_messages(self, e: Episode) -> list:
-    chat = tip_chat(e.messages)
+    """The tip chat of `e` (settings.tip_chat: memory/reflect.reflection_chat)."""
     outcome = prompts.outcome_message(e.final_observation, e.score, self.prompts.score_out_of)
-    chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
-    return chat
+    return reflection_chat(e.messages, self.settings.tip_chat, e.final_observation, outcome)
 
   def _reflect(
     self, session: Optional[Session], episodes: list[Episode], rng, iteration: int
@@ -350,8 +360,9 @@ class Actor:
     (memory/sync.gather_and_commit: a collective, called also by a host without episodes)."""
     s = self.settings
     todo = [i for i, e in enumerate(episodes) if e.turns and not e.env_failed]
-    # The tip chat shows the outcome: the observation after the last action and the final score.
-    requests = {i: self._ids(episodes[i], self._tip_messages(episodes[i])) for i in todo}
+    # empo2.reflector="rule" (memory/rule_tip.py, a mechanism check): no tip is sampled.
+    sampled = todo if s.reflector == "policy" else []
+    requests = {i: self._ids(episodes[i], self._tip_messages(episodes[i])) for i in sampled}
     out = (
       self._sample(
         session, requests, rng, max_new_tokens=s.tip_max_new_tokens, temperature=s.tip_temperature
@@ -362,7 +373,8 @@ class Actor:
     writes = []
     for i in todo:
       e = episodes[i]
-      e.tip = clean_tip(self.tok.decode(out[i][0], skip_special_tokens=True))
+      raw = self.tok.decode(out[i][0], skip_special_tokens=True) if i in out else None
+      e.tip = clean_tip(episode_rule_tip(e) if raw is None else raw)
       if not e.tip:
         continue
       final = e.final_observation if s.memory_key_text == "recent" else None

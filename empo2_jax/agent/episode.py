@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from empo2_jax.memory.reflect import TIP_CHATS  # memory/reflect.reflection_chat
+from empo2_jax.memory.rule_tip import check_reflector
+
 MEMORY_KEYS = ("step", "final")
 MEMORY_KEY_TEXTS = ("recent", "chat")
 
@@ -19,17 +22,22 @@ class ActorSettings:
   intrinsic_scale: float = 1.0
   intrinsic_reward: bool = True
   memory_key: str = "step"  # 'step' or 'final': which transcript keys a step's memory
-  memory_key_text: str = "recent"  # 'recent' or 'chat': how a key's text is built (docstring)
+  memory_key_text: str = "chat"  # 'chat' or 'recent': how a key's text is built (docstring)
+  tip_chat: str = "paper"  # 'paper', 'release' or 'outcome': the chat a tip is written from
   key_chars: int = 1200  # key length in characters when there is no encoder to count pieces
   cache_dtype: str = "bfloat16"
+  reflector: str = "policy"  # or "rule": who writes the tip (memory/rule_tip.py)
 
   def __post_init__(self):
+    check_reflector(self.reflector)
     if self.memory_key not in MEMORY_KEYS:
       raise ValueError(f"memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)}")
     if self.memory_key_text not in MEMORY_KEY_TEXTS:
       raise ValueError(
         f"memory_key_text={self.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
       )
+    if self.tip_chat not in TIP_CHATS:
+      raise ValueError(f"tip_chat={self.tip_chat!r}; valid: {', '.join(TIP_CHATS)}")
 
 
 @dataclasses.dataclass

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from empo2_jax.rl.batch import strip_tips_messages
+
 
 class Memory:
   """The encoder, store and index used together by the actor."""
@@ -18,7 +20,16 @@ class Memory:
   def __init__(self, encoder, store, index):
     self.encoder, self.store, self.index = encoder, store, index
 
-  def retrieve(self, slots: Sequence, keys: Sequence[str]) -> list[list[str]]:
+  def retrieve(
+    self, slots: Sequence, keys: Sequence[str], fallback: bool = False
+  ) -> list[list[str]]:
+    """Tips for each (slot, key): the slot's hits (docs/fidelity.md, "memory per variation").
+
+    A slot that holds no memory yet retrieves nothing (n = 0, so r_int = 1), as the authors'
+    per-variation memory does; training rollouts always call it so. `fallback=True` (evaluation
+    with memory on unseen variations, launch/adapt.py; `memory.unseen_fallback`) instead searches
+    every slot of the slot's task and merges the hits by stored score.
+    """
     if not keys:
       return []
     emb = self.encoder.encode(list(keys))
@@ -30,25 +41,28 @@ class Memory:
       for i, h in zip(idx, hits):
         out[i] = [x.text for x in h]
     for i, ok in enumerate(own):
-      if not ok:  # unseen variation: every slot of the task, merged by stored score
-        task_slots = [k for k in self.store.keys() if k[0] == slots[i][0]]
-        merged = [
-          x
-          for k, h in zip(
-            task_slots,
-            self.index.search_batch(task_slots, np.repeat(emb[i : i + 1], len(task_slots), 0)),
-          )
-          for x in h
-        ]
-        merged.sort(key=lambda x: -x.score)
-        out[i] = [x.text for x in merged[: self.index.cfg.top_k]]
+      if not ok and fallback:
+        out[i] = self._task_hits(slots[i][0], emb[i : i + 1])
     return out
+
+  def _task_hits(self, task, emb_1d) -> list[str]:
+    """Every slot of `task` searched with one key [1, d], hits merged by stored score."""
+    task_slots = [k for k in self.store.keys() if k[0] == task]
+    if not task_slots:
+      return []
+    hits = self.index.search_batch(task_slots, np.repeat(emb_1d, len(task_slots), 0))
+    merged = [x for h in hits for x in h]
+    merged.sort(key=lambda x: -x.score)
+    return [x.text for x in merged[: self.index.cfg.top_k]]
 
 
 def chat_key(messages, encoder=None, key_chars: int = 1200) -> str:
-  """ "role: content" lines of the chat (system excluded), cut to the encoder's first window
-  (without an encoder: the first `key_chars` characters)."""
-  text = "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
+  """ "role: content" lines of the tip-free chat (system excluded, tip blocks removed: the
+  authors key by the chat without its tips), cut to the encoder's first window (without an
+  encoder: the first `key_chars` characters)."""
+  text = "\n".join(
+    f"{m['role']}: {m['content']}" for m in strip_tips_messages(messages) if m["role"] != "system"
+  )
   if encoder is None:
     return text[:key_chars]
   pieces = encoder.tokenizer.encode(text)  # truncating tokenizer: the first window only

@@ -31,6 +31,7 @@ def adapt(
   *,
   temperature: float,
   rng: jax.Array,
+  memory_fallback: bool = True,
 ) -> list[dict]:
   if actor.memory is None:
     raise ValueError("adapt needs an Actor with a Memory (it writes and reads tips)")
@@ -50,6 +51,7 @@ def adapt(
       mode="on_tips",
       reflect=True,
       iteration=k,
+      memory_fallback=memory_fallback,
     )
     stats = actor.last_stats
     ok = [e for e in episodes if not e.env_failed]

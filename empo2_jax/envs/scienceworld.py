@@ -6,11 +6,11 @@ but only sends the action and reads score, completion and move count — the sta
 numbers are the library's.
 
 Action handling (`SciWorldConfig.action_correction`, SPEC §2):
-  "on_reject" (default) the text goes to the simulator as written; only when the parser rejects it
+  "always"    (default; the authors' code) every text is mapped to the closest valid action
+              before it is sent; the valid actions are fetched every step (~0.05-0.2 s each).
+  "on_reject" (ours) the text goes to the simulator as written; only when the parser rejects it
               are the valid actions fetched and the text mapped to the closest one
               (`actions.correct_action`, word-level Jaccard).
-  "always"    (the release) every text is mapped to the closest valid action before it is sent;
-              the valid actions are fetched every step (~0.05-0.2 s each).
 In both, an "Ambiguous request" (the simulator lists the objects the command could mean and waits
 for a number; no move is spent) is answered with option 0 in the same step, as the release does:
 the agent never sees the list and no turn is lost. `executed_action` is then option 0's text.
@@ -127,7 +127,7 @@ class SciWorldConfig:
   num_test_rows: int = 20  # first test variations used for evaluation
   success_score: int = 70  # success = done and score > success_score
   fallback_action: str = actions.DEFAULT_FALLBACK_ACTION
-  action_correction: str = "on_reject"  # or "always" (the release): see the module docstring
+  action_correction: str = "always"  # or "on_reject" (ours): see the module docstring
   java_tool_options: str = DEFAULT_JAVA_OPTIONS
 
   def __post_init__(self):
@@ -354,9 +354,16 @@ class SciWorldEnv:
       truncated=truncated,
       success=done and score > self.config.success_score,
       # the subgoals reached and not (HeRL's hindsight); one call at the episode's end
-      goals=str(server.getGoalProgressStr()) if done else "",
+      goals=self.goal_progress() if done else "",
     )
     return StepResult(observation, float(reward), done, info)
+
+  def goal_progress(self) -> str:
+    """The simulator's subgoal table now (`getGoalProgressStr`, the library's
+    `get_goal_progress()`): sequential, then unordered/optional subgoals, each with true/false.
+    A step that ends the episode carries it as StepInfo.goals, so it reaches the actor through the
+    pool's workers (HeRL's hindsight, explore/herl.py; the rule reflector, memory/rule_tip.py)."""
+    return str(self._server.getGoalProgressStr())
 
   def _score(self) -> int:
     return int(round(100 * self._server.getScore()))  # simulator reports 0..1 (or -1)

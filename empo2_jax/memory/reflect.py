@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from empo2_jax.envs.actions import printable_text
+from empo2_jax.rl.batch import strip_tips_messages
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -80,6 +81,36 @@ def key_text(messages: Sequence[Message]) -> str:
 def tip_chat(messages: Sequence[Message]) -> list[Message]:
   """The chat the policy answers to write its tip."""
   return list(messages) + [{"role": "user", "content": TIP_PROMPT}]
+
+
+TIP_CHATS = ("paper", "release", "outcome")
+_TIP_TAG = re.compile(r"<tip> ?|</tip>")
+
+
+def reflection_chat(
+  messages: Sequence[Message], variant: str, final_observation: str = "", outcome: str = ""
+) -> list[Message]:
+  """The chat a finished episode's tip is written from (`empo2.tip_chat`, docs/fidelity.md).
+
+  messages: the episode's chat as sampled (user / assistant turns, memory turns with their tip
+  blocks), ending with the last action.
+    "paper"   (paper-era code) the tip-free history: tip blocks removed, the last observation
+              not shown, no score; then the tip prompt.
+    "release" (release code) the history with each turn's tips as plain text (tags dropped),
+              then the last observation as a user message, then the tip prompt.
+    "outcome" (ours) the history as sampled, tip blocks kept; the last user message is
+              `outcome` (the last observation and the final score) + the tip prompt.
+  """
+  if variant == "paper":
+    return tip_chat(strip_tips_messages(messages))
+  if variant == "release":
+    chat = [dict(m, content=_TIP_TAG.sub("", m["content"])) for m in messages]
+    return tip_chat(chat + [{"role": "user", "content": final_observation.strip()}])
+  if variant == "outcome":
+    chat = tip_chat(messages)
+    chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
+    return chat
+  raise ValueError(f"tip_chat={variant!r}; valid: {', '.join(TIP_CHATS)}")
 
 
 def clean_tip(raw: str, max_words: int = MAX_TIP_WORDS) -> str:

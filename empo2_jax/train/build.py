@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 
+from empo2_jax.agent.episode import MEMORY_KEY_TEXTS, TIP_CHATS
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import hf, qwen2
 
@@ -35,8 +36,23 @@ def check_config(c) -> None:
       f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final (the release "
       "keys by the final chat: memory_key=final with memory_key_text=chat)"
     )
-  if c.empo2.memory_key_text not in ("recent", "chat"):
-    raise ConfigError(f"empo2.memory_key_text={c.empo2.memory_key_text!r}; valid: recent, chat")
+  if c.empo2.memory_key_text not in MEMORY_KEY_TEXTS:
+    raise ConfigError(
+      f"empo2.memory_key_text={c.empo2.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
+    )
+  if c.empo2.tip_chat not in TIP_CHATS:
+    raise ConfigError(f"empo2.tip_chat={c.empo2.tip_chat!r}; valid: {', '.join(TIP_CHATS)}")
+  if c.memory.unseen_fallback not in ("task", "none"):
+    raise ConfigError(
+      f"memory.unseen_fallback={c.memory.unseen_fallback!r}; valid: task (evaluation with "
+      "memory and launch/adapt.py read the task's other slots), none"
+    )
+  from empo2_jax.memory.rule_tip import check_reflector
+
+  try:
+    check_reflector(c.empo2.reflector)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if c.optim.layout not in ("packed", "turn"):
     raise ConfigError(
       f"optim.layout={c.optim.layout!r}; valid: packed (one row per episode "

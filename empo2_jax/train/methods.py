@@ -169,6 +169,11 @@ def not_training_message(name: str, config: str = "CONFIG", workdir: str = "WORK
   )
 
 
+# What every "GRPO + its own piece" method sets: no memory, and no low-probability mask (EMPO2's
+# stabiliser; the authors' GRPO config has none, docs/fidelity.md). `--config.loss.low_prob_mask`
+# on the command line still wins.
+GRPO_OVERRIDES = {"empo2.p_memory": 0.0, "loss.low_prob_mask": False}
+
 # ---------------------------------------------------------------------------------------------
 # The paper's columns (Table 1: Naive, Reflexion, Retrospex, GRPO, EMPO2; Table 2 adds GiGPO
 # with and without std). Order = column order in launch/table.py.
@@ -196,7 +201,7 @@ register(
   "gigpo",
   "GiGPO as verl-agent runs it (F_norm = 1, mean_norm), no memory",
   overrides={
-    "empo2.p_memory": 0.0,
+    **GRPO_OVERRIDES,
     "advantage.estimator": "gigpo",
     "advantage.gamma": 0.95,
     "advantage.step_weight": 1.0,
@@ -210,7 +215,7 @@ register(
   "gigpo_std",
   "GiGPO with std normalisation (mean_std_norm), no memory",
   overrides={
-    "empo2.p_memory": 0.0,
+    **GRPO_OVERRIDES,
     "advantage.estimator": "gigpo",
     "advantage.gamma": 0.95,
     "advantage.step_weight": 1.0,
@@ -222,8 +227,8 @@ register(
 )
 register(
   "grpo",
-  "GRPO: EMPO2 without memory (p_memory = 0)",
-  overrides={"empo2.p_memory": 0.0},
+  "GRPO: EMPO2 without memory (p_memory = 0) and without the low-probability mask",
+  overrides=GRPO_OVERRIDES,
   label="GRPO",
 )
 register("empo2", "EMPO2: memory-augmented exploration, on- and off-policy updates", label="EMPO2")
@@ -236,21 +241,21 @@ register(
   "sge",
   "SGE: <strategy> spans sampled at mixed temperatures (log-probs at the temperature used), "
   "strategy reflection; GRPO, no memory (explore/sge.py)",
-  overrides={"empo2.p_memory": 0.0, "sge.enabled": True},
+  overrides={**GRPO_OVERRIDES, "sge.enabled": True},
   label="SGE",
 )
 register(
   "herl",
   "HeRL: guided re-rollouts of failed groups from their unmet goals, injected with the HE token "
   "weight and the bonus; GRPO, no memory (explore/herl.py)",
-  overrides={"empo2.p_memory": 0.0, "herl.enabled": True},
+  overrides={**GRPO_OVERRIDES, "herl.enabled": True},
   label="HeRL",
 )
 register(
   "spa",
   "SPA: self-play world-model SFT (the true states in <observation>/<prediction>), then GRPO "
   "from it, Pass@k during RL (explore/spa.py, launch/spa.py)",
-  overrides={"empo2.p_memory": 0.0, "spa.enabled": True},
+  overrides={**GRPO_OVERRIDES, "spa.enabled": True},
   commands=("{python} launch/spa.py --config={config} --config.method={name} --workdir={workdir}",),
   label="SPA",
 )
