@@ -7,6 +7,7 @@ configs/sciworld.py:cpu             the embedded SmolLM2-135M-Instruct (a PyPI w
 configs/sciworld.py:tiny            a random-init tiny model (tests: mechanics only)
 configs/sciworld.py:learn           the learning experiment sized for this CPU (docs/results.md)
 configs/sciworld.py:learn,wide      the second learning run: 100 train variations, lr 5e-6
+configs/sciworld.py:learn,format    SFT on OTHER tasks' gold paths only (a format-only warm start)
 configs/sciworld.py:gpu             the same sized for one accelerator
 configs/sciworld.py:task=find-animal[,cpu]   pick the task (and optionally the CPU variant)
 """
@@ -15,7 +16,7 @@ from empo2_jax import defaults
 
 
 def get_config(arg=None):
-  flags = ("cpu", "tiny", "learn", "wide", "gpu", "7b")
+  flags = ("cpu", "tiny", "learn", "wide", "gpu", "7b", "format")
   args = defaults.parse_args("sciworld", arg, flags, ("task",))
   c = defaults.get_config()
   if "task" in args:
@@ -32,6 +33,10 @@ def get_config(arg=None):
     if not args.get("learn"):
       raise ValueError("sciworld config argument 'wide' modifies 'learn': use learn,wide")
     _wide(c)
+  if args.get("format"):
+    if not (args.get("learn") or args.get("gpu")):
+      raise ValueError("sciworld config argument 'format' modifies 'learn': use learn,format")
+    _format(c, args)
   if args.get("tiny"):
     defaults.tiny_model(c)
   c.lock()
@@ -125,3 +130,33 @@ def _wide(c):
   c.train.iterations = 16
   c.train.eval_every = 0
   c.train.eval_at_end = False
+
+
+# Gold paths of these tasks teach ScienceWorld's action format; together their first 10 gold
+# actions (the agent's step limit) use look around, look at, go to, open, pick up, move ... to,
+# focus on, use, examine, activate, deactivate, pour, mix, connect, drop and wait1. No task of the
+# target candidates' families (find-*, lifespan-*, identify-life-stages-*) is among them.
+FORMAT_TASKS = (
+  "chemistry-mix-paint-secondary-color",
+  "power-component",
+  "melt",
+  "measure-melting-point-unknown-substance",
+  "inclined-plane-determine-angle",
+  "test-conductivity",
+)
+
+
+def _format(c, args):
+  """The format-only warm start of the exploration experiment (scripts/exploration_experiment.sh):
+  launch/sft.py clones gold paths of FORMAT_TASKS (8 TRAIN variations each; 20 steps x 2 rows see
+  each about once) and never the target task's, so the policy knows the action format but not the
+  task. The SFT does not evaluate on test variations: the target is chosen afterwards on TRAIN
+  variations (launch/eval.py --split=train). The RL arms and evaluations use this config too."""
+  c.sft.tasks = ",".join(FORMAT_TASKS)
+  c.sft.variations = 0 if args.get("gpu") else 8
+  c.sft.eval_before = False
+  c.sft.eval_after = False
+  # The policy's actions go to the simulator as written (corrected only when the parser rejects
+  # them), as the gold paths it cloned were run: with "always", the valid "open door to kitchen"
+  # of an open door is mapped to "close door to kitchen" (train/sft_gold.gold_env).
+  c.env.action_correction = "on_reject"
