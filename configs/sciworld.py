@@ -78,9 +78,11 @@ def _learn(c, args):
   c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
   c.optim.minibatch_size = 16  # turn samples per step: ~2-4 steps an iteration
   c.optim.micro_rows = 1
-  # Packed rows of up to 2,048 tokens: without remat the 30 layers' attention scores alone are
-  # ~150 MB a layer and the update peaked at 16-22 GB here (OOM-killed twice on this 24 GB
-  # machine); full remat recomputes each layer in the backward pass and keeps a few GB.
+  # Packed rows of up to 2,048 tokens. With the dense attention, no remat kept ~150 MB of scores
+  # a layer and the update peaked at 16-22 GB here. Flash attention (model.attention_impl) keeps
+  # none; bench/attention.py (one row's loss gradient on this machine): flash + full remat
+  # 2.1 GiB peak RSS and 45 CPU-s, flash without remat 5.4 GiB and 46 CPU-s, the former dense +
+  # full remat 2.5 GiB and 112 CPU-s. Full remat: the least memory at no measured cost.
   c.model.remat = "full"
   # A 135M model after SFT needs larger steps than the paper's 7B at lr 1e-6 to move in tens of
   # iterations; chosen on the TRAIN rows' returns, never on the test variations.

@@ -2,8 +2,10 @@
 the full score matrix (`qwen2._attend`) in values and gradients; a whole model agrees flash vs
 dense.
 
-Tolerances are relative to the compared array's scale: |a - b| <= RTOL * max|b| (float32; the
-observed errors are ~1e-7 of the scale, the bound leaves float-reordering room)."""
+Tolerances are relative to the compared array's scale: max|a - b| <= RTOL * max|b| with RTOL =
+2e-5 (float32; the measured errors were 1e-7 - 5e-7 of the scale: kernel outputs and q/k/v
+gradients <= 4.4e-7, the tiny model's logits 2.4e-7 and parameter gradients 4.5e-7); bfloat16
+inputs against float32: 3e-2 (measured 4.4e-3)."""
 
 import numpy as np
 import pytest
@@ -156,19 +158,19 @@ def test_model_forward_and_gradients_flash_equal_dense():
   tok, mask = _model_inputs(c, seed=2)
   flash = c.replace(attention_impl="flash", attention_block=block)
 
-  def loss(p, cfg):
+  def loss(p, cfg, tok, mask):  # tokens as arguments: XLA would constant-fold the loss's scatter
     logits = qwen2.forward(p, cfg, tok, mask)
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
     picked = jnp.take_along_axis(logp, tok[:, 1:, None], axis=-1)[..., 0]
     return -jnp.sum(picked * mask[:, 1:] * mask[:, :-1]), logits  # predicted from a real position
 
   grad = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)
-  g_dense, logits_dense = grad(params, c)
-  g_flash, logits_flash = grad(params, flash)
+  g_dense, logits_dense = grad(params, c, tok, mask)
+  g_flash, logits_flash = grad(params, flash, tok, mask)
   real = mask > 0
   _close(np.asarray(logits_flash)[real], np.asarray(logits_dense)[real])
   for a, b in zip(jax.tree.leaves(g_flash), jax.tree.leaves(g_dense)):
-    _close(a, b, rtol=1e-4)
+    _close(a, b)
 
 
 def test_unknown_impl_is_refused():
