@@ -20,6 +20,9 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
   # A random policy scores the same in every episode; a strict threshold makes the number of
   # retrieved tips (hence the intrinsic reward) differ between steps, so advantages are non-zero.
   config.memory.threshold = 0.99
+  # ... and keys that differ between steps: under the default `chat` key the tiny config's first
+  # prompt fills MiniLM's 256-piece window, so every step of a variation has the same key.
+  config.empo2.memory_key_text = "recent"
   config.optim.update_shapes = "max"  # one update shape from the first iteration
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
