@@ -9,8 +9,8 @@ Reading is read-only: orbax opens the checkpoint directory with read_only=True, 
 while the run still trains neither creates nor cleans anything there. The model's architecture
 comes from the run's own config (the checkpoint's meta): the config.json of the model it started
 from, the .gguf's metadata, or the random-init preset; the tokenizer likewise (build.tokenizer).
-Restoring reads the whole train state (params and AdamW moments) onto the host, then keeps the
-params: about 3x the fp32 params of host memory at the peak.
+Only the params are read (an orbax partial restore of the state item's `train.params` sub-tree,
+as numpy arrays): the AdamW moments, two more copies of the params, stay on disk.
 """
 
 from __future__ import annotations
@@ -63,18 +63,31 @@ def restore(directory: epath.Path, step: Optional[int] = None) -> tuple[int, dic
     raise UserError(f"no step {step} in the checkpoints", str(directory), f"steps there: {have}")
   mgr = ocp.CheckpointManager(
     directory,
-    item_names=(STATE, META),
+    item_handlers={STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
     options=ocp.CheckpointManagerOptions(create=False, read_only=True),
   )
   try:
+    # The saved tree is {"train": TrainState(params, opt_state, step) as a dict, "rng": ...};
+    # its metadata gives the params' structure, and a partial restore reads only those leaves.
+    saved = mgr.item_metadata(step)[STATE].tree
+    if not isinstance(saved.get("train"), dict) or "params" not in saved["train"]:
+      where = str(directory / str(step))
+      raise UserError("the checkpoint's state has no train.params", where, "pass a run's workdir")
+    params_meta = saved["train"]["params"]
+    target = {"train": {"params": params_meta}}
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     out = mgr.restore(
       step,
-      args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(), META: ocp.args.JsonRestore()}),
+      args=ocp.args.Composite(
+        **{
+          STATE: ocp.args.PyTreeRestore(target, restore_args=as_numpy, partial_restore=True),
+          META: ocp.args.JsonRestore(),
+        }
+      ),
     )
   finally:
     mgr.close()
-  train = out[STATE]["train"]
-  params = train["params"] if isinstance(train, dict) else train[0]  # TrainState(params, ...)
+  params = out[STATE]["train"]["params"]
   return step, jax.tree.map(np.asarray, params), dict(out[META])
 
 
