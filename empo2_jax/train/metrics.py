@@ -39,13 +39,14 @@ from typing import Any, Iterator, Optional
 import numpy as np
 from etils import epath
 
+from empo2_jax import remote
+
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 EVENTS_PREFIX = "events.out.tfevents."
 
 
-def is_remote(path) -> bool:
-  return "://" in os.fspath(path)
+is_remote = remote.is_remote
 
 
 def _scalar(v: Any):
@@ -81,8 +82,7 @@ class MetricsWriter:
     self.sync_secs = sync_secs
     self._tensorboard = tensorboard
     self._tb: Optional[EventFile] = None  # created by the first write
-    self._f = None  # local: metrics.jsonl opened for appending by the first write
-    self._pending: list[str] = []  # remote: lines not copied to the workdir yet
+    self._lines = remote.LineLog(self.path)  # local: appended at once; remote: at sync()
     self._staging: Optional[str] = None  # remote: local directory of this writer's event files
     self._uploaded = 0  # remote: bytes of the event file copied to the workdir
     self._last_sync = time.monotonic()
@@ -106,22 +106,12 @@ class MetricsWriter:
       self._tb = EventFile(self._tb_dir())
     return self._tb
 
-  def _append_line(self, line: str) -> None:
-    if self.remote:
-      self._pending.append(line)
-      return
-    if self._f is None:
-      self.workdir.mkdir(parents=True, exist_ok=True)
-      self._f = open(os.fspath(self.path), "a", encoding="utf-8")
-    self._f.write(line)
-    self._f.flush()
-
   def write(self, step: int, metrics: dict) -> None:
     record = {"iteration": int(step), "time": time.time()}
     for k, v in metrics.items():
       s = _scalar(v)
       record[k] = s if s is not None else (v if isinstance(v, str) else str(v))
-    self._append_line(json.dumps(record, allow_nan=True) + "\n")
+    self._lines.write(json.dumps(record, allow_nan=True) + "\n")
     if self._tensorboard:
       scalars = {
         k: v
@@ -156,12 +146,7 @@ class MetricsWriter:
     self._last_sync = time.monotonic()
     if not self.remote:
       return
-    if self._pending:
-      old = self.path.read_text() if self.path.exists() else ""
-      old = old[: old.rfind("\n") + 1]  # a line without its newline was cut: drop it
-      self.workdir.mkdir(parents=True, exist_ok=True)
-      _replace_bytes(self.path, (old + "".join(self._pending)).encode("utf-8"))
-      self._pending = []
+    self._lines.flush()  # metrics.jsonl := its lines + this writer's new ones
     if self._tb is not None and os.path.getsize(self._tb.path) != self._uploaded:
       with open(self._tb.path, "rb") as f:  # the whole file: objects are replaced, not appended
         data = f.read()
@@ -189,8 +174,7 @@ class MetricsWriter:
       self._tb = None
       if self._staging is not None:
         shutil.rmtree(self._staging, ignore_errors=True)
-      if self._f is not None:
-        self._f.close()
+      self._lines.close()
       if self._bar is not None:
         self._bar.close()
 

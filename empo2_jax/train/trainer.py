@@ -22,6 +22,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from empo2_jax import remote
 from empo2_jax.agent import hosts
 from empo2_jax.agent.actor import Actor, Memory
 from empo2_jax.rl import batch as batch_lib
@@ -536,7 +537,7 @@ class Trainer:
       return contextlib.nullcontext()
     path = os.path.join(self.workdir, "profile")
     logging.info("profiling iteration %d into %s", iteration, path)
-    return jax.profiler.trace(path)
+    return _trace(path)
 
   def close(self) -> None:
     """Close everything, then raise the first error (CheckpointSaveError: the last async save
@@ -554,6 +555,15 @@ class Trainer:
     if self._old_sigterm is not None:
       signal.signal(signal.SIGTERM, self._old_sigterm)
       self._old_sigterm = None
+
+
+@contextlib.contextmanager
+def _trace(path):
+  """jax.profiler.trace into `path`. A gs:// path gets a local trace, uploaded when the block
+  ends (remote.writable_dir): the profiler's own GCS writer is not etils/gcsfs (its own client
+  and credentials, no emulator)."""
+  with remote.writable_dir(path) as local, jax.profiler.trace(local):
+    yield
 
 
 __all__ = ["Trainer", "draw_mode", "NonFiniteError"]
