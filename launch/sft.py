@@ -16,7 +16,6 @@ the command resumes from the newest) and the trained policy as a Hugging Face di
 <workdir>/sft/hf that `launch/train.py --config.model.checkpoint=DIR` loads.
 """
 
-import os
 import sys
 import time
 import warnings
@@ -26,7 +25,7 @@ warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=R
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from empo2_jax import cli  # noqa: E402
+from empo2_jax import cli, remote  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
@@ -65,7 +64,7 @@ def main(argv):
   from empo2_jax.train import workdir_lock
 
   try:  # one run per workdir: a second one (SFT or RL) fails here, naming the first
-    lock = workdir_lock.WorkdirLock(os.path.abspath(_WORKDIR.value)).acquire()
+    lock = workdir_lock.WorkdirLock(remote.absolute(_WORKDIR.value)).acquire()
   except workdir_lock.WorkdirBusy as e:
     sys.exit(f"error: {e}")
   with lock:  # released on exit, also on an error
@@ -79,7 +78,7 @@ def _sft(argv):
   from empo2_jax.train.build import ConfigError
   from empo2_jax.train.trainer import Trainer
 
-  c, workdir = _CONFIG.value, os.path.abspath(_WORKDIR.value)
+  c, workdir = _CONFIG.value, remote.absolute(_WORKDIR.value)  # gs:// stays gs://
   try:
     trainer = Trainer(c, workdir, progress=False)
   except ConfigError as e:

@@ -4,13 +4,18 @@ checkpoints (a rerun resumes), the policy exported as a Hugging Face directory.
     summary = run_sft(config, workdir, trainer, chats)   # chats: [[{"role", "content"}, ...]]
 
 The chats' assistant turns are what is trained (train/sft.py: one packed row per chat, the
-token-mean NLL of the answers).
+token-mean NLL of the answers). The workdir may be gs://: every file goes through etils.epath and
+empo2_jax/remote.py (sft_metrics.jsonl there is written at each checkpoint and at the end).
 """
 
 import json
 import os
 import sys
 import time
+
+from etils import epath
+
+from empo2_jax import remote
 
 
 def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
@@ -75,7 +80,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     start, restored, _, meta = found
     state = restored["train"]
     print(f"resumed SFT at step {start}", flush=True)
-  metrics_path = os.path.join(workdir, "sft_metrics.jsonl")
+  metrics = remote.LineLog(os.path.join(workdir, "sft_metrics.jsonl"))
 
   evals = dict(meta.get("evals", {}))
   if c.sft.eval_before and "before" not in evals:
@@ -91,7 +96,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     for _ in range(-(-c.sft.steps * c.sft.batch_rows // len(rows)) + 1)
   ]
   order = np.concatenate(perms)
-  with open(metrics_path, "a") as mf:
+  with metrics:
     for step in range(start, c.sft.steps):
       t1 = time.perf_counter()
       picked = [rows[j] for j in order[step * c.sft.batch_rows : (step + 1) * c.sft.batch_rows]]
@@ -103,8 +108,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
       }
       if not np.isfinite(rec["loss"]):
         sys.exit(f"error: SFT step {step + 1}: non-finite loss; lower sft.lr")
-      mf.write(json.dumps(rec) + "\n")
-      mf.flush()
+      metrics.write(json.dumps(rec) + "\n")
       if (step + 1) % 10 == 0 or step == start:
         print(
           f"sft step={step + 1} loss={rec['loss']:.4f} grad_norm={rec['grad_norm']:.3f} "
@@ -113,6 +117,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
         )
       every = c.sft.checkpoint_every
       if (every and (step + 1) % every == 0) or step + 1 == c.sft.steps:
+        metrics.flush()  # a remote workdir: the lines up to this checkpoint
         ckpt.save(
           step + 1,
           {"train": state},
@@ -145,23 +150,20 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     )
   out_dir = os.path.join(workdir, "sft", "hf")
   hf.save_checkpoint(out_dir, trainer.model_config, jax.device_get(state.params))
-  trainer.tokenizer.save_pretrained(out_dir)
-  with open(os.path.join(workdir, "sft_summary.json"), "w") as f:
-    json.dump(
-      {
-        "loss_first": loss_first,
-        "loss_last": loss_last,
-        "episodes": len(rows),
-        "turns": n_turns,
-        "evals": evals,
-        "hf_dir": out_dir,
-      },
-      f,
-      indent=1,
-    )
+  with remote.writable_dir(out_dir) as local:  # gs://: a temp dir, uploaded, then removed
+    trainer.tokenizer.save_pretrained(local)
+  summary = {
+    "loss_first": loss_first,
+    "loss_last": loss_last,
+    "episodes": len(rows),
+    "turns": n_turns,
+    "evals": evals,
+    "hf_dir": out_dir,
+  }
+  text = json.dumps(summary, indent=1)
+  (epath.Path(workdir) / "sft_summary.json").write_text(text)
   print(f"sft done hf_dir={out_dir}", flush=True)
-  with open(os.path.join(workdir, "sft_summary.json")) as f:
-    return json.load(f)
+  return json.loads(text)
 
 
 def _fill(batch, rows):
