@@ -1,4 +1,5 @@
-"""Causal query-block attention (Qwen2Config.attention_block) equals the full score matrix."""
+"""Causal query-block attention (the dense path, Qwen2Config.attention_block) equals the full
+score matrix; the flash kernel has its own tests (tests/test_attention_flash.py)."""
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ def _inputs(c, seed=0):
 
 @pytest.mark.parametrize("block", [16, 32, 69, 70, 200])
 def test_blocked_forward_equals_full_on_real_positions(block):
-  c = get_preset("tiny").replace(attention_block=0)
+  c = get_preset("tiny").replace(attention_block=0, attention_impl="dense")
   params = qwen2.init_params(c, jax.random.key(0))
   tok, mask = _inputs(c)
   full = np.asarray(qwen2.forward(params, c, tok, mask))
@@ -31,7 +32,7 @@ def test_blocked_forward_equals_full_on_real_positions(block):
 
 
 def test_blocked_gradients_equal_full():
-  c = get_preset("tiny").replace(attention_block=0)
+  c = get_preset("tiny").replace(attention_block=0, attention_impl="dense")
   params = qwen2.init_params(c, jax.random.key(1))
   tok, mask = _inputs(c, seed=1)
 
