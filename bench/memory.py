@@ -4,11 +4,12 @@ brute force.
 Data: 2,000 varied ScienceWorld-like texts are embedded with the real MiniLM encoder; the N stored
 keys are those embeddings plus Gaussian noise (per-dim sigma, renormalised) -- synthetic at scale,
 derived from real ones. Queries are 200 held-out texts' embeddings (also noised). Retrieval is the
-SPEC's: cosine > threshold, best score first, top 10. Latency is per single query (the actor's
-per-step call), averaged; recall@10 is against the brute-force answer. Stored memory is ~1.5 GB at
-1M (float32 x 384). Each size is measured at the SPEC threshold (0.5: passes are dense here, so the
-exact score-order scan answers) and at a strict one (0.75: few pass, so ScaNN's candidates answer);
-the last line is 0.5 at 1M: `memory query_ms_1m ours=<ms> brute=<ms> speedup=<x> recall=<r>`.
+docs/method.md §3's: cosine > threshold, best score first, top 10. Latency is per single query (the
+actor's per-step call), averaged; recall@10 is against the brute-force answer. Stored memory is
+~1.5 GB at 1M (float32 x 384). Each size is measured at the method's threshold (0.5: passes are
+dense here, so the exact score-order scan answers) and at a strict one (0.75: few pass, so
+ScaNN's candidates answer); the last line is 0.5 at 1M:
+`memory query_ms_1m ours=<ms> brute=<ms> speedup=<x> recall=<r>`.
 
   .venv/bin/python bench/memory.py [--sizes 10000,100000,1000000] [--threshold 0.5]
                                    [--strict_threshold 0.75] [--queries 200]
@@ -81,8 +82,9 @@ def main():
     t0 = time.time()
     index.search(key, queries[0])  # builds the ScaNN searcher when n > exact_max
     build_s = time.time() - t0
-    # the SPEC threshold first (the reported line), then a strict one where few entries pass, so the
-    # ScaNN candidate path (not the score-order scan) answers; the searcher does not depend on it
+    # the method's threshold first (the reported line), then a strict one where few entries pass,
+    # so the ScaNN candidate path (not the score-order scan) answers; the searcher does not depend
+    # on it
     for thr in (args.threshold, args.strict_threshold):
       index.cfg = dataclasses.replace(index.cfg, threshold=thr)
       index.stats.clear()

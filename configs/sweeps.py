@@ -119,11 +119,11 @@ def table1_commands(
 
 def get_sweep(arg: str) -> list[dict]:
   sweeps = {
-    # memory probability p x off-policy share q (SPEC §1; the paper's ablation grid)
+    # memory probability p x off-policy share q (docs/method.md §1; the paper's ablation grid)
     "pq": lambda: product(
       sweep("empo2.p_memory", [0.1, 0.25, 0.5]), sweep("empo2.q_offpolicy", [1 / 3, 2 / 3])
     ),
-    # the low-probability mask threshold delta (SPEC §4); 0 disables the mask
+    # the low-probability mask threshold delta (docs/method.md §5); 0 disables the mask
     "delta": lambda: (
       sweep("loss.low_prob_delta", [-3.0, -5.0, -10.0])
       + [named("no_mask", loss__low_prob_mask=False)]

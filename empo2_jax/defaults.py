@@ -1,4 +1,5 @@
-"""The base EMPO2 config: every number an ablation may sweep lives here (SPEC.md for the meaning).
+"""The base EMPO2 config: every number an ablation may sweep lives here (docs/method.md for the
+meaning).
 
 Config files (configs/*.py) start from `get_config()` and override fields. On the command line:
   python launch/train.py --config=configs/sciworld.py:cpu --config.empo2.p_memory=0.5
@@ -59,7 +60,7 @@ def get_config(arg=None):
     java_tool_options="-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2",
   )  # see envs/scienceworld.py
 
-  # One iteration: rows_per_iter task rows x group_size rollouts (SPEC §1).
+  # One iteration: rows_per_iter task rows x group_size rollouts (docs/method.md §1).
   c.rollout = dict(
     rows_per_iter=16,
     group_size=8,
@@ -75,7 +76,7 @@ def get_config(arg=None):
     p_memory=0.25,  # probability that an iteration rolls out with memory tips
     q_offpolicy=2.0 / 3.0,  # share of memory iterations updated off-policy (tips removed)
     force_mode="",  # '', 'on', 'on_tips' or 'off': skip the draw (tests, ablations)
-    ratio_variant="paper",  # 'paper' or 'release' old-log-prob view (SPEC §4)
+    ratio_variant="paper",  # 'paper' or 'release' old-log-prob view (docs/method.md §4)
     intrinsic_reward=True,  # True/'count', False/'none', or 'rnd' (empo2_jax/explore/config.py)
     intrinsic_scale=1.0,
     tip_max_new_tokens=128,

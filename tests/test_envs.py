@@ -50,7 +50,7 @@ def lib_env():
   e.close()
 
 
-# ------------------------------------------------------------------ setup (SPEC §7)
+# ------------------------------------------------------------------ setup (docs/method.md §7)
 def test_task_lists_match_library(env, lib_env):
   assert list(ALL_TASKS) == lib_env.get_task_names()
   assert len(PAPER_TASKS) == 18 and len(set(PAPER_TASKS)) == 18

@@ -21,8 +21,8 @@ SCRIPT = textwrap.dedent("""
     print(aot.format_report(r, req))
     print("RESULT", r["fits"], r["per_chip_gib"], r["compiler_flops"], r["model_flops"],
           r["floor_flops"])
-    # One mini-batch of 128 rows vs two (256 rows, SPEC §1 item 5): same micro-batches, so the
-    # memory differs only by the extra rows of data.
+    # One mini-batch of 128 rows vs two (256 rows, docs/method.md §1 item 5): same micro-batches,
+    # so the memory differs only by the extra rows of data.
     per_chip = []
     for batch in (128, 256):
         req = aot.AotRequest(program="train_step", preset="tiny", topology="v5p:2x2x1",

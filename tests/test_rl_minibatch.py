@@ -201,8 +201,9 @@ def reference_minibatch_sgd(params, batch, lr):
 
 
 def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
-  """SPEC §1 item 5: 300 turn samples in mini-batches of 128 -> 3 optimizer steps; from the second
-  step on the policy has moved, so ratios leave 1 and the clip acts. Equals plain SGD per slot
+  """docs/method.md §1 item 5: 300 turn samples in mini-batches of 128 -> 3 optimizer steps; from
+  the second step on the policy has moved, so ratios leave 1 and the clip acts. Equals plain SGD per
+  slot
   (padding rows add nothing; each step's denominator is its own token count)."""
   params = qwen2.init_params(MODEL, jax.random.PRNGKey(5))
   cfg = UpdateConfig(

@@ -42,7 +42,7 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
     assert m2["retrieval_hits_per_step"] > 0
     assert m2["intrinsic_mean"] > 0
 
-    # off-policy, paper variant: both log-prob views are tip-free (SPEC §4)
+    # off-policy, paper variant: both log-prob views are tip-free (docs/method.md §4)
     batch = trainer.last_batch
     assert batch["sample_index"].ndim == 2  # the default layout: packed episodes
     rows = np.flatnonzero((batch["sample_index"] >= 0).any(axis=1))

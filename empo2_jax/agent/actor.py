@@ -10,7 +10,7 @@ make ONE `Session.step` call for all of them (prefix reuse: only new tokens are 
 model text goes into the chat; the pool corrects it to a valid action (word-level Jaccard) and
 steps the simulators. After the last step, one more session call writes every episode's tip (from
 the chat `settings.tip_chat` builds: memory/reflect.reflection_chat), and the tips go into memory
-(SPEC §2-3).
+(docs/method.md §2-3).
 
 Randomness: episode i (its index in `specs`) samples step t with fold_in(fold_in(k_steps, t), i)
 and its tip with fold_in(k_reflect, i), (k_steps, k_reflect) = split(rng): what an episode draws

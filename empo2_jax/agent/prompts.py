@@ -1,5 +1,5 @@
-"""The agent's chat (SPEC §2), in our own words: the parts every environment shares (the tip block,
-the outcome line of the tip chat, `PromptSet`) and ScienceWorld's messages.
+"""The agent's chat (docs/method.md §2), in our own words: the parts every environment shares (the
+tip block, the outcome line of the tip chat, `PromptSet`) and ScienceWorld's messages.
 
 An episode's chat only grows: turn t's prompt is turn t-1's prompt + the model's raw response + the
 next user message, so the sampler can reuse the cached prefix. For that reason the action

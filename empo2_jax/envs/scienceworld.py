@@ -1,11 +1,11 @@
-"""ScienceWorld (1.2.3, PyPI) as a `TextEnv`, set up as in SPEC §7.
+"""ScienceWorld (1.2.3, PyPI) as a `TextEnv`, set up as in docs/method.md §7.
 
 Speed: the library's `ScienceWorldEnv.step` asks the JVM for every valid action, the look-around and
 the inventory after each step. `SciWorldEnv.step` talks to the same Java object (`PythonInterface`)
 but only sends the action and reads score, completion and move count — the state changes and the
 numbers are the library's.
 
-Action handling (`SciWorldConfig.action_correction`, SPEC §2):
+Action handling (`SciWorldConfig.action_correction`, docs/method.md §2):
   "always"    (default; the authors' code) every text is mapped to the closest valid action
               before it is sent; the valid actions are fetched every step (~0.05-0.2 s each).
   "on_reject" (ours) the text goes to the simulator as written; only when the parser rejects it
@@ -79,7 +79,7 @@ ALL_TASKS: tuple[str, ...] = (
   "use-thermometer",
 )
 
-# The 18 tasks the EMPO2 paper reports (SPEC §7).
+# The 18 tasks the EMPO2 paper reports (docs/method.md §7).
 PAPER_TASKS: tuple[str, ...] = (
   "chemistry-mix",
   "chemistry-mix-paint-secondary-color",
@@ -111,7 +111,7 @@ FAILURE_SCORE = -100  # what the simulator reports when the task is failed (e.g.
 
 @dataclasses.dataclass(frozen=True)
 class SciWorldConfig:
-  """Every number of the ScienceWorld setup; defaults are the paper's (SPEC §7)."""
+  """Every number of the ScienceWorld setup; defaults are the paper's (docs/method.md §7)."""
 
   simplification: str = "easy"
   env_step_limit: int = 100  # simulator moves before it ends the episode
@@ -263,7 +263,8 @@ class SciWorldEnv:
     return list(self._split_cache[key])
 
   def rows(self, task: str, split: Split) -> list[int]:
-    """The variations used for `split`: the first `config.num_rows(split)` of it (SPEC §7)."""
+    """The variations used for `split`: the first `config.num_rows(split)` of it (docs/method.md
+    §7)."""
     return self.variations(task, split)[: self.config.num_rows(split)]
 
   def gold_actions(self, task: str, variation: int) -> list[str]:
@@ -283,8 +284,8 @@ class SciWorldEnv:
     observation = str(server.step("look around"))  # the library's reset does the same
     self._task, self._variation = task, variation
     # Rewards are measured from 0, not from the score after the opening look-around, so the
-    # return equals the final score (SPEC §7); only the first step's reward can differ from the
-    # library's (which starts from the post-reset score).
+    # return equals the final score (docs/method.md §7); only the first step's reward can differ
+    # from the library's (which starts from the post-reset score).
     self._last_score = 0
     self._steps = 0
     self._done = False

@@ -2,7 +2,7 @@
 and their checks. Every default marked [proposed] is a proposal of METHODS.md, not a value found
 in the authors' code.
 
-  empo2.intrinsic_reward  True / "count": EMPO2's memory reward scale/(n+1) (SPEC §3);
+  empo2.intrinsic_reward  True / "count": EMPO2's memory reward scale/(n+1) (docs/method.md §3);
                           False / "none": no intrinsic reward; "rnd": RND (explore/rnd.py) in its
                           place, scaled by empo2.intrinsic_scale (the same knob)
   rnd.*                   the RND networks and normalisation (explore/rnd.py)

@@ -1,4 +1,4 @@
-"""empo2_jax.memory: the tip memory of EMPO2 (SPEC §2-3).
+"""empo2_jax.memory: the tip memory of EMPO2 (docs/method.md §2-3).
 
 store.MemoryStore (slots, FIFO, dedup, files) -> index.MemoryIndex (cosine > threshold, best score
 first; ScaNN for large slots) -> reflect.reflect / reflect.commit (tips from the policy)

@@ -1,5 +1,5 @@
-"""Retrieval over the tip memory (SPEC §3): entries with cosine > threshold, best stored score
-first.
+"""Retrieval over the tip memory (docs/method.md §3): entries with cosine > threshold, best stored
+score first.
 
 The answer for a query q over a slot is: every live entry with cos(q, key) > `threshold`, sorted by
 stored score descending, ties by uid ascending (oldest first, as a stable sort over the FIFO list

@@ -1,4 +1,5 @@
-"""Self-reflection tips (SPEC §2): prompt, clean-up, stored text, and the batched `reflect` call.
+"""Self-reflection tips (docs/method.md §2): prompt, clean-up, stored text, and the batched
+`reflect` call.
 
 After a training episode the policy reads its own trajectory plus one more user message (TIP_PROMPT)
 and answers with a one-line tip. Every step t of the episode then becomes one memory entry:

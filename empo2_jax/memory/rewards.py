@@ -1,4 +1,4 @@
-"""Intrinsic reward of memory rollouts (SPEC §3): r_int = scale / (n + 1), n = memories
+"""Intrinsic reward of memory rollouts (docs/method.md §3): r_int = scale / (n + 1), n = memories
 retrieved."""
 
 from __future__ import annotations

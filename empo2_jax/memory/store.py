@@ -1,4 +1,5 @@
-"""Tip memory: one FIFO list per (task, variation) slot, persisted as plain files (SPEC §3).
+"""Tip memory: one FIFO list per (task, variation) slot, persisted as plain files (docs/method.md
+§3).
 
 Each entry holds the stored text (tip + action + score, see reflect.py), the score used to rank it
 (the episode return), the L2-normalised key embedding (MiniLM of the transcript) and the training

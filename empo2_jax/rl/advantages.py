@@ -1,4 +1,4 @@
-"""Advantages (SPEC §6), on the host with numpy: one value per turn sample.
+"""Advantages (docs/method.md §6), on the host with numpy: one value per turn sample.
 
 Input format: flat arrays with one entry per turn (any order), all of length N:
   group_ids   task-row group: all turns of the n rollouts of one task row share it (hashable values)

@@ -5,10 +5,10 @@ Importing this module adds the program; `launch/aot.py` must import it to offer 
     python launch/aot.py --program=train_step --preset=7b --topology=v5p:2x2x1 \
         --batch=128 --seq=4532 --microbatches=32
 
-The request's batch is the number of turn samples (rows) of one update call, seq the padded
-prompt + response length (the last RESPONSE_LEN columns are the response). The rows form
-batch / minibatch_size mini-batches of UpdateConfig's default minibatch_size (128, SPEC §1 item 5),
-or one mini-batch when batch is smaller; microbatches is the gradient-accumulation steps of one
+The request's batch is the number of turn samples (rows) of one update call, seq the padded prompt +
+response length (the last RESPONSE_LEN columns are the response). The rows form batch /
+minibatch_size mini-batches of UpdateConfig's default minibatch_size (128, docs/method.md §1 item
+5), or one mini-batch when batch is smaller; microbatches is the gradient-accumulation steps of one
 mini-batch. Params (fp32 masters unless the request says otherwise: the update refuses other
 storage) and AdamW state are sharded by the QWEN2_RULES, rows over (data, fsdp). Memory hardly
 depends on the number of mini-batches (their rows are data, processed one at a time).
@@ -29,7 +29,7 @@ from empo2_jax.parallel.aot import (
 )
 from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
 
-RESPONSE_LEN = 32  # SPEC §2: max response 32 tokens
+RESPONSE_LEN = 32  # docs/method.md §2: max response 32 tokens
 VOCAB_CHUNK = 8192
 
 

@@ -1,4 +1,4 @@
-"""Turn samples -> padded token batches for the update (SPEC §4).
+"""Turn samples -> padded token batches for the update (docs/method.md §4).
 
 Every turn of every episode is one sample: prompt = the chat so far (up to and including the last
 user message), response = the action as sampled. A sample has two prompt views:
@@ -60,7 +60,7 @@ class Turn:
   response: str  # the raw sampled text (what stays in the history)
   response_ids: list  # sampled token ids (including the stop token if it was sampled)
   sampler_logprobs: list  # one float per response id
-  mode: str  # "on" | "on_tips" | "off": how this turn's rollout was drawn (SPEC §1)
+  mode: str  # "on" | "on_tips" | "off": how this turn's rollout was drawn (docs/method.md §1)
   group_id: Hashable  # task row: all turns of its n rollouts
   rollout_id: Hashable  # episode, unique in the batch
   step: int  # turn index within the episode
@@ -137,7 +137,7 @@ def turn_advantages(turns: Sequence[Turn], estimator: str, **kwargs) -> np.ndarr
 
   grpo_step: score = episode return + intrinsic (paper-era). grpo_rollout: sum over the rollout of
   (reward + intrinsic) (release). gigpo: kwargs gamma, step_weight, use_std,
-  episode_stats, invalid_penalty (SPEC §6; the turns' `valid` flags feed the penalty).
+  episode_stats, invalid_penalty (docs/method.md §6; the turns' `valid` flags feed the penalty).
   """
   g = [t.group_id for t in turns]
   r = [t.rollout_id for t in turns]

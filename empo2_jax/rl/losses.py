@@ -1,5 +1,5 @@
-"""EMPO2 policy loss (SPEC §5): PPO clipped surrogate with asymmetric and dual clipping, optional
-KL-to-reference and entropy terms, and the low-probability sample mask.
+"""EMPO2 policy loss (docs/method.md §5): PPO clipped surrogate with asymmetric and dual clipping,
+optional KL-to-reference and entropy terms, and the low-probability sample mask.
 
 All per-token arrays are `[B, R]` over the response tokens (R = padded response length); the mask
 `mask_br` is 1 on real response tokens. Advantages are per sample `[B]` or per token `[B, R]`.

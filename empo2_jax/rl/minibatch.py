@@ -4,10 +4,10 @@
     batch, layout = arrange(batch, update_cfg, seed=(config.seed, iteration))
     state, metrics = update_fn(state, batch)
 
-SPEC §1 item 5 (verl: ppo_mini_batch_size 16 x n 8, one epoch): the N samples of an iteration are
-shuffled and split into K = ceil(N / minibatch_size) mini-batches, one optimizer step each. The
-split is balanced (sizes differ by at most one sample, all <= minibatch_size) rather than verl's
-"full mini-batches and a short last one", so no step rests on a handful of samples.
+docs/method.md §1 item 5 (verl: ppo_mini_batch_size 16 x n 8, one epoch): the N samples of an
+iteration are shuffled and split into K = ceil(N / minibatch_size) mini-batches, one optimizer step
+each. The split is balanced (sizes differ by at most one sample, all <= minibatch_size) rather than
+verl's "full mini-batches and a short last one", so no step rests on a handful of samples.
 
 Layout (rl/update.py reads it): S >= K slots of M = UpdateConfig.minibatch_rows rows; slot k holds
 mini-batch k's samples in its first micro-batches, filled in order; slots K..S-1 and the rest of

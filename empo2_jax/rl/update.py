@@ -5,16 +5,16 @@
     state, metrics = update_fn(state, batch, ref_params)  # with LossConfig.kl_coef > 0
 
 Inside one call:
-  1. old log-probs of the "old" view for every row, in micro-batches, without gradient (SPEC §4:
-     the trainer recomputes them, so the ratio starts at 1 when both views agree), or, with
-     UpdateConfig.old_logprobs="sampler" and old_from_sampler true, the batch's `sampler_logp`
-     taken as they are (no forward pass; see "Old log-probs from the sampler" below);
-  2. the low-probability sample mask from those old log-probs (SPEC §5);
+  1. old log-probs of the "old" view for every row, in micro-batches, without gradient
+     (docs/method.md §4: the trainer recomputes them, so the ratio starts at 1 when both views
+     agree), or, with UpdateConfig.old_logprobs="sampler" and old_from_sampler true, the batch's
+     `sampler_logp` taken as they are (no forward pass; see "Old log-probs from the sampler" below);
+  2. the low-probability sample mask from those old log-probs (docs/method.md §5);
   3. for each PPO epoch and each mini-batch holding samples: gradients summed over its
      micro-batches (loss denominators are that mini-batch's own token / sequence counts, so
      accumulation equals one large batch), then one optax step (global-norm clipping + AdamW).
      After the first step the policy has moved, so the ratio of later mini-batches leaves 1 and
-     clipping acts (SPEC §1 item 5: verl's mini-batches of 128 turn samples, 1 epoch).
+     clipping acts (docs/method.md §1 item 5: verl's mini-batches of 128 turn samples, 1 epoch).
 
 Row layout. The B rows are S mini-batch slots of M = min(cfg.minibatch_rows, B) rows each, M a
 multiple of micro_rows. Rows are assigned to micro-batches with a stride: row b goes to chunk

@@ -113,7 +113,7 @@ def check_config(c) -> None:
 
 
 def _check_numerics(c) -> None:
-  """dtypes, mini-batching and lengths (SPEC §1 item 5, §8)."""
+  """dtypes, mini-batching and lengths (docs/method.md §1 item 5, §8)."""
   for key, value in (
     ("model.param_dtype", c.model.param_dtype),
     ("model.compute_dtype", c.model.compute_dtype),

@@ -1,4 +1,4 @@
-"""Preemption-safe training checkpoints with orbax (SPEC §1's loop state, nothing less).
+"""Preemption-safe training checkpoints with orbax (docs/method.md §1's loop state, nothing less).
 
     ckpt = Checkpointer(workdir + "/checkpoints", keep=3)
     step = restore_trainer(ckpt, trainer)        # None: nothing to resume, start from scratch

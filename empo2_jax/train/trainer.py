@@ -1,4 +1,5 @@
-"""The EMPO2 training loop (SPEC §1): draw a mode, roll out, reflect, build batches, update, log.
+"""The EMPO2 training loop (docs/method.md §1): draw a mode, roll out, reflect, build batches,
+update, log.
 
     trainer = Trainer(config, workdir)
     trainer.run()            # config.train.iterations iterations, eval every eval_every
@@ -48,7 +49,8 @@ UPDATE_FLOOR_KEYS = ("len", "turns", "slots", "slot_rows")
 
 
 def draw_mode(u: float, p_memory: float, q_offpolicy: float) -> str:
-  """SPEC §1: u ~ U[0,1). off-policy if u < p*q; on-policy with tips if u < p; else on-policy."""
+  """docs/method.md §1: u ~ U[0,1). off-policy if u < p*q; on-policy with tips if u < p; else
+  on-policy."""
   if not (0.0 <= p_memory <= 1.0 and 0.0 <= q_offpolicy <= 1.0):
     raise ValueError(f"p_memory={p_memory} and q_offpolicy={q_offpolicy} must be in [0, 1]")
   if u < p_memory * q_offpolicy:
@@ -323,8 +325,8 @@ class Trainer:
       batch, bstats = batch_lib.build_batch(
         turns, advantages, self.tokenizer, self.batch_cfg, min_len=fl["len"]
       )
-    # Shuffled mini-batches of optim.minibatch_size samples (SPEC §1 item 5); the shuffle depends
-    # on (seed, iteration) only, so a resumed run repeats it exactly.
+    # Shuffled mini-batches of optim.minibatch_size samples (docs/method.md §1 item 5); the shuffle
+    # depends on (seed, iteration) only, so a resumed run repeats it exactly.
     batch, layout = minibatch_lib.arrange(
       batch,
       self.update_cfg,
@@ -428,8 +430,8 @@ class Trainer:
       self.old_logprobs_fallback = True
 
   def eval_episodes(self, with_memory: bool = False):
-    """Test variations x eval_repeats at eval_temperature; WITHOUT memory unless asked (SPEC §1).
-    Memory is read, never written, during evaluation."""
+    """Test variations x eval_repeats at eval_temperature; WITHOUT memory unless asked
+    (docs/method.md §1). Memory is read, never written, during evaluation."""
     c = self.config
     specs = [
       (c.env.task, v, g) for g, v in enumerate(self.test_rows) for _ in range(c.train.eval_repeats)
