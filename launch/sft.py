@@ -3,15 +3,25 @@
   python launch/sft.py --config=configs/sciworld.py:learn --workdir=runs/sft
   python launch/train.py --config=configs/sciworld.py:learn --config.model.checkpoint=runs/sft/hf
 
-Gold action sequences of the task's TRAIN variations (config.sft.variations of them, 0: all) are
+Gold action sequences of TRAIN variations (config.sft.variations of each task, 0: all) are
 replayed in ScienceWorld and rendered through exactly the actor's chat (same prompts, same chat
 template, no tips); the loss is the token-mean NLL of the assistant answers (train/sft.py). The test
-variations are evaluated without memory before and after, as `launch/train.py` evaluates. Prints
+variations are evaluated without memory before and after, as `launch/train.py` evaluates.
 
+Which tasks (config.sft.tasks, train/sft_gold.py): "" clones the target task config.env.task; a
+comma-separated list of OTHER tasks is a format-only warm start (the action format without the
+target's gold paths; listing the target is an error):
+
+  python launch/sft.py --config=configs/sciworld.py:learn,format --workdir=runs/sft_format
+
+Prints
+
+  sft gold TASK=N ... target=TASK          (successful gold episodes per task)
   sft loss_first=... loss_last=...          (answer NLL over all gold rows, before / after)
   sft eval_return_before=... eval_return_after=... eval_success_before=... eval_success_after=...
 
-and writes <workdir>/sft_metrics.jsonl, orbax checkpoints in <workdir>/sft/checkpoints (rerunning
+and writes <workdir>/sft_data.json (target, tasks, the (task, variation) of every gold episode),
+<workdir>/sft_metrics.jsonl, orbax checkpoints in <workdir>/sft/checkpoints (rerunning
 the command resumes from the newest) and the trained policy as a Hugging Face directory
 <workdir>/sft/hf that `launch/train.py --config.model.checkpoint=DIR` loads.
 """
@@ -23,6 +33,7 @@ import warnings
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
 from absl import flags, logging  # noqa: E402
+from etils import epath  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from empo2_jax import cli, remote  # noqa: E402
@@ -33,31 +44,41 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sft", "where metrics, checkpoints and hf/ go")
 
 
-def _gold_chats(c, materials):
-  """Gold chats of the configured train variations (successful replays only)."""
-  import dataclasses
-  from empo2_jax.envs import fewshot
-  from empo2_jax.envs.scienceworld import SciWorldEnv
+def _gold_chats(c, workdir):
+  """Gold chats of the SFT tasks' train variations (successful replays only; train/sft_gold.py);
+  which (task, variation) each came from goes to <workdir>/sft_data.json."""
+  import collections
+  import json
+  from empo2_jax.envs.scienceworld import ALL_TASKS
   from empo2_jax.train import build
-  from empo2_jax.train import sft
+  from empo2_jax.train import sft_gold
 
+  tasks = sft_gold.sft_tasks(c.sft.tasks, c.env.task, ALL_TASKS)
   env_cfg = build.env_config(c)
-  max_turns = env_cfg.max_steps(c.env.task)
-  shots = next(iter(materials.values())).few_shot
-  env = SciWorldEnv(dataclasses.replace(env_cfg, default_max_steps=1000, max_steps_overrides=()))
+  env = sft_gold.gold_env(env_cfg)  # gold paths to their end, as written
   try:
-    train = env.variations(c.env.task, "train")
-    chosen = train[: c.sft.variations] if c.sft.variations else train
-    chats = []
-    for v in chosen:
-      traj = fewshot.replay_gold(env, c.env.task, v)
-      if traj.final_score <= env_cfg.success_score:
-        continue
-      material = fewshot.prompt_material(env, c.env.task, v, shots)
-      chats.append(sft.gold_chat(material, traj, max_turns=max_turns))
+    chats = sft_gold.gold_chats(
+      env,
+      tasks,
+      variations=c.sft.variations,
+      max_turns=env_cfg.max_steps(c.env.task),  # the agent's step limit on the target task
+      n_few_shot=c.env.few_shot,
+      success_score=env_cfg.success_score,
+    )
   finally:
     env.close()
-  return chats
+  counts = collections.Counter(g.task for g in chats)
+  print(
+    "sft gold " + " ".join(f"{t}={counts[t]}" for t in tasks) + f" target={c.env.task}",
+    flush=True,
+  )
+  data = {
+    "target": c.env.task,
+    "tasks": list(tasks),
+    "episodes": [[g.task, g.variation] for g in chats],
+  }
+  (epath.Path(workdir) / "sft_data.json").write_text(json.dumps(data, indent=1))  # local or gs://
+  return [g.messages for g in chats]
 
 
 def main(argv):
@@ -79,13 +100,20 @@ def _sft(argv):
   from empo2_jax.train.trainer import Trainer
 
   c, workdir = _CONFIG.value, remote.absolute(_WORKDIR.value)  # gs:// stays gs://
+  from empo2_jax.envs.scienceworld import ALL_TASKS
+  from empo2_jax.train.sft_gold import sft_tasks
+
+  try:  # a bad task list fails before any model loads
+    sft_tasks(c.sft.tasks, c.env.task, ALL_TASKS)
+  except ValueError as e:
+    cli.fail(e)  # one line, exit 2
   try:
     trainer = Trainer(c, workdir, progress=False)
   except ConfigError as e:
     cli.fail(e)  # one line, exit 2
   try:
     t0 = time.perf_counter()
-    chats = _gold_chats(c, trainer.actor.materials)
+    chats = _gold_chats(c, workdir)
     from empo2_jax.train.sft_loop import run_sft
 
     run_sft(c, workdir, trainer, chats, t0)

@@ -19,8 +19,8 @@
 #    deactivate, pour, mix, connect, drop, wait1). The target's gold paths never enter the data
 #    (train/sft_gold.py refuses a list that names it; <sft>/sft_data.json lists every episode).
 #    The SFT does not evaluate on any test variation (sft.eval_before/after are off in `format`).
-#    `format` also sets env.action_correction=on_reject for every later step: actions reach the
-#    simulator as written, as the cloned gold paths did (train/sft_gold.gold_env).
+#    `format` keeps env.action_correction=always (the authors') for the RL arms and evaluations;
+#    only the SFT's gold replay runs the gold actions as written (train/sft_gold.gold_env).
 # 2. choose: the SFT policy (no memory, temperature train.eval_temperature = 0.4) on the first
 #    CHOOSE_ROWS TRAIN variations of each candidate task (launch/eval.py --split=train); no test
 #    variation is looked at. The rule, fixed before measuring: among candidates whose success
