@@ -26,7 +26,9 @@ def gold_turns(task, episodes, min_turns, tokenizer):
   from empo2_jax.rl.batch import Turn
   from empo2_jax.train import sft
 
-  env = SciWorldEnv(SciWorldConfig(default_max_steps=1000, max_steps_overrides=()))
+  env = SciWorldEnv(
+    SciWorldConfig(default_max_steps=1000, max_steps_overrides=(), action_correction="on_reject")
+  )
   turns = []
   try:
     for v in env.variations(task, "train"):

@@ -6,7 +6,11 @@ import signal
 import pytest
 
 from empo2_jax.envs.pool import EnvPool, PoolConfig
-from empo2_jax.envs.scienceworld import SciWorldEnv
+from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+
+# Gold paths run as written (the default, the authors' "always" correction, would map a valid
+# "open door to X" of an open door to "close door to X"): train/sft_gold.gold_env does the same.
+GOLD = SciWorldConfig(action_correction="on_reject")
 
 EPISODES = [
   ("find-plant", 0),
@@ -48,7 +52,7 @@ def scienceworld_jvms_of(parent_pids):
 @pytest.fixture(scope="module")
 def reference():
   """Gold actions and the wrapper's per-step scores for EPISODES (single process)."""
-  env = SciWorldEnv()
+  env = SciWorldEnv(GOLD)
   out = []
   for task, var in EPISODES:
     gold = env.gold_actions(task, var)
@@ -84,7 +88,7 @@ def run_gold(pool, reference, kill_at=None, kill_signal=signal.SIGKILL):
 
 @pytest.mark.slow
 def test_pool_gold_replay_survives_sigkill(reference):
-  with EnvPool(pool_config=PoolConfig(num_workers=2)) as pool:
+  with EnvPool(GOLD, pool_config=PoolConfig(num_workers=2)) as pool:
     workers = [w.process.pid for w in pool._workers]  # pylint: disable=protected-access
     results = run_gold(pool, reference, kill_at=3)
     assert pool.restarts == 1
@@ -103,7 +107,7 @@ def test_pool_gold_replay_survives_sigkill(reference):
 @pytest.mark.slow
 def test_pool_recovers_from_hung_worker(reference):
   cfg = PoolConfig(num_workers=1, call_timeout_s=3.0)
-  with EnvPool(pool_config=cfg) as pool:
+  with EnvPool(GOLD, pool_config=cfg) as pool:
     results = run_gold(pool, reference, kill_at=2, kill_signal=signal.SIGSTOP)
     assert pool.restarts == 1
     started = list(pool.java_pids_started)

@@ -316,8 +316,8 @@ def test_nonfinite_update_stops_with_last_good_checkpoint(tmp_path):
   trainer = Trainer(config, str(tmp_path), progress=False)
   update, calls = trainer._update, []
 
-  def poisoned(state, batch, *args):  # the second update goes non-finite (state and metrics)
-    state, m = update(state, batch, *args)
+  def poisoned(state, batch, *args, **kw):  # the second update goes non-finite (state, metrics)
+    state, m = update(state, batch, *args, **kw)
     calls.append(1)
     if len(calls) == 2:
       state = state._replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))

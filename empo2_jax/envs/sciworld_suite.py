@@ -67,8 +67,15 @@ def env_config(c) -> SciWorldConfig:
 
 def local_env(config: SciWorldConfig) -> SciWorldEnv:
   """An in-process env for rows, gold replays and prompt material: gold trajectories are replayed
-  to their end, so without the agent step limit of the demo configs."""
-  return SciWorldEnv(dataclasses.replace(config, default_max_steps=1000, max_steps_overrides=()))
+  to their end (without the agent step limit of the demo configs) and as written
+  (action_correction="on_reject": the simulator accepts every gold action, while the agent's
+  "always" would map e.g. "open door to kitchen" of an open door to "close door to kitchen" and
+  put that into the few-shot examples and the SFT data)."""
+  return SciWorldEnv(
+    dataclasses.replace(
+      config, default_max_steps=1000, max_steps_overrides=(), action_correction="on_reject"
+    )
+  )
 
 
 def materials(env: SciWorldEnv, task: str, variations: Sequence[int], n_few_shot: int) -> dict:

@@ -55,18 +55,12 @@ def sft_tasks(spec: str, target: str, valid: Sequence[str]) -> tuple[str, ...]:
 
 
 def gold_env(env_config):
-  """The local ScienceWorld env gold paths are replayed in: `env_config` (an
-  envs.scienceworld.SciWorldConfig) without the agent's step limit, so a gold path runs to its
-  end, and with action_correction="on_reject", so it runs as written: the simulator accepts every
-  gold action, while "always" would map e.g. "open door to kitchen" (already open) to "close door
-  to kitchen" and clone that (find-animal variation 0: 7 of its 10 gold actions changed)."""
-  from empo2_jax.envs.scienceworld import SciWorldEnv
+  """The local ScienceWorld env gold paths are replayed in (envs/sciworld_suite.local_env): no
+  agent step limit, and gold actions run as written (find-animal variation 0 under the agent's
+  "always" correction: 7 of its 10 gold actions changed)."""
+  from empo2_jax.envs.sciworld_suite import local_env
 
-  return SciWorldEnv(
-    dataclasses.replace(
-      env_config, default_max_steps=1000, max_steps_overrides=(), action_correction="on_reject"
-    )
-  )
+  return local_env(env_config)
 
 
 def gold_chats(
