@@ -106,6 +106,7 @@ def _record(i, n):
       "executed_action": [f"go to room {t + 1}" for t in range(n)],
       "reward": [50.0 if t == n - 1 else 0.0 for t in range(n)],
       "intrinsic": [0.0] * n,
+      "advantage": [0.0] * n,
       "num_tips": [0] * n,
       "num_tokens": [0] * n,
     },

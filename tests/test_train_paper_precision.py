@@ -30,6 +30,8 @@ def test_tiny_run_with_paper_dtypes_and_lr_moves_weights(tmp_path):
     # threshold, so the second iteration's intrinsic rewards (hence advantages) differ.
     "--config.empo2.force_mode=off",
     "--config.memory.threshold=0.99",
+    # and step-specific keys (the default chat key is one per variation in the tiny prompt)
+    "--config.empo2.memory_key_text=recent",
   ]
   out = subprocess.run(
     cmd,
