@@ -65,14 +65,14 @@ def bench_model(name: str, layers: int = 0):
   """(config, params on device, HF directory, vocabulary size for random prompts)."""
   import jax
 
-  from empo2_jax.model import configs, hf, qwen2
+  from empo2_jax.model import configs, hf, llama
 
   if name == "smollm2":
     config, params = smollm2(layers)
     vocab = config.vocab_size
   elif name == "0.5b-shape":
     config = configs.get_preset("0.5b", num_layers=layers or 24)
-    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    params = llama.init_params(config, jax.random.PRNGKey(0))
     vocab = 151643
   else:
     raise SystemExit(f"--model={name!r}; valid: {', '.join(MODELS)}")

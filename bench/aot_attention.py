@@ -54,7 +54,7 @@ def main():
   args = ap.parse_args()
 
   import empo2_jax.rl.aot  # noqa: F401  (registers "train_step")
-  from empo2_jax.model import qwen2
+  from empo2_jax.model import llama
   from empo2_jax.model.configs import get_preset
   from empo2_jax.parallel import aot
   from empo2_jax.parallel.mesh import make_mesh
@@ -75,13 +75,13 @@ def main():
   print(f"train_step {req.preset} on {req.topology}, micro-batches {req.num_microbatches}")
   print("model attention:", flush=True)
   real = probe(req, config, mesh, devices)
-  model_attention = qwen2._attend_causal
-  qwen2._attend_causal = free_attention
+  model_attention = llama._attend_causal
+  llama._attend_causal = free_attention
   try:
     print("free attention:", flush=True)
     free = probe(req, config, mesh, devices)
   finally:
-    qwen2._attend_causal = model_attention
+    llama._attend_causal = model_attention
   print(
     f"aot_attention est_s model={real['seconds']:.2f} free={free['seconds']:.2f} "
     f"est_mfu model={real['mfu']:.3f} free={free['mfu']:.3f}"

@@ -1,5 +1,5 @@
 """Update-sized attention: forward+backward time and peak memory of the loss gradient, per
-attention implementation (Qwen2Config.attention_impl) and remat policy.
+attention implementation (LlamaConfig.attention_impl) and remat policy.
 
   python bench/attention.py [--seq 2048] [--iters 1] [--settings dense:full:1024,flash:none,...]
 
@@ -15,7 +15,7 @@ differentiates in shape: the log-probs of --turns response spans of 32 tokens sp
 
 fwd_bwd_s: wall seconds per call, mean of --iters calls after the compiling one; cpu_s: the
 process's CPU seconds per call, the steadier figure on a machine shared with other jobs; block:
-Qwen2Config.attention_block, the setting's third field or the config default. Benchmarks print;
+LlamaConfig.attention_block, the setting's third field or the config default. Benchmarks print;
 they assert nothing.
 """
 
@@ -43,14 +43,14 @@ def child(impl: str, remat: str, seq: int, turns: int, iters: int, block: int) -
   import jax.numpy as jnp
   import numpy as np
 
-  from empo2_jax.model import configs, qwen2
+  from empo2_jax.model import configs, llama
   from empo2_jax.rl.packing import packed_response_logprobs
 
   kw = dict(attention_impl=impl, remat=remat, param_dtype="float32", compute_dtype="float32")
   if block >= 0:
     kw["attention_block"] = block
   config = configs.get_preset("smollm2-135m", **kw)
-  params = qwen2.init_params(config, jax.random.PRNGKey(0))
+  params = llama.init_params(config, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, config.vocab_size, (1, seq)), jnp.int32)
   mask = jnp.ones((1, seq), jnp.int32)

@@ -24,13 +24,13 @@ def main():
   import torch
   from transformers import AutoModelForCausalLM
 
-  from empo2_jax.model import qwen2
+  from empo2_jax.model import llama
 
   config, params, tmp, vocab = bench_model(args.model, args.layers)
   tokens = np.random.default_rng(0).integers(0, vocab, (args.batch, args.seq)).astype(np.int32)
   mask = np.ones_like(tokens)
 
-  fwd = jax.jit(qwen2.forward, static_argnums=1)
+  fwd = jax.jit(llama.forward, static_argnums=1)
   ours_s, _ = seconds_per_call(
     lambda: fwd(params, config, tokens, mask).block_until_ready(), args.iters
   )

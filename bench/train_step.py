@@ -103,11 +103,11 @@ def main():
   import jax
   import torch
 
-  from empo2_jax.model import configs, hf, qwen2
+  from empo2_jax.model import configs, hf, llama
 
   config = configs.get_preset("0.5b", num_layers=args.layers)
   path = tempfile.mkdtemp(prefix="bench_train_")
-  hf.save_checkpoint(path, config, qwen2.init_params(config, jax.random.PRNGKey(0)))
+  hf.save_checkpoint(path, config, llama.init_params(config, jax.random.PRNGKey(0)))
   batch = make_batch(args.batch, args.prompt, args.response, 151643)
   n_tok = batch["cur_tokens"].size
 

@@ -16,7 +16,7 @@ from empo2_jax.cli import UserError
 from empo2_jax.remote import check as check_remote
 from empo2_jax.remote import is_remote
 
-# What Qwen2Config.from_hf_dict (model/configs.py) cannot do without; it stays the authority.
+# What LlamaConfig.from_hf_dict (model/configs.py) cannot do without; it stays the authority.
 HF_CONFIG_FIELDS = (
   "vocab_size",
   "hidden_size",

@@ -65,7 +65,7 @@ def adapt_run(config, workdir: str) -> dict:
     if not _KEEP_MEMORY.value:
       enc = trainer.memory.encoder
       trainer.set_memory_store(MemoryStore(dim=enc.dim, max_per_slot=config.memory.max_entries))
-    params = trainer._sampling_params()
+    params = trainer.sampling_params()
     before = _fingerprint(params)
     records = adapt(
       trainer.actor,
@@ -78,7 +78,7 @@ def adapt_run(config, workdir: str) -> dict:
       rng=jax.random.fold_in(trainer.rng, 30_000_000),
       memory_fallback=config.memory.unseen_fallback == "task",
     )
-    if _fingerprint(params) != before or _fingerprint(trainer._sampling_params()) != before:
+    if _fingerprint(params) != before or _fingerprint(trainer.sampling_params()) != before:
       raise RuntimeError("the policy's weights changed during adaptation")
     return {"workdir": workdir, "checkpoint": step, "params_sha256": before, "trials": records}
   finally:

@@ -120,7 +120,7 @@ def _reflexion(trainer, config):
     memory_size=_REFLECTIONS.value,
     max_new_tokens=_REFLECTION_TOKENS.value,
   )
-  params = trainer._sampling_params()
+  params = trainer.sampling_params()
   writer = rx.policy_writer(
     params,
     trainer.model_config,

@@ -10,7 +10,7 @@ import jax
 from empo2_jax.agent.actor import Actor, ActorSettings
 from empo2_jax.envs.base import ResetInfo, ResetResult, StepInfo, StepResult
 from empo2_jax.envs.fewshot import PromptMaterial
-from empo2_jax.model import configs, qwen2
+from empo2_jax.model import configs, llama
 from empo2_jax.model.tokenizer import load_tokenizer
 
 TASK = "find-animal"
@@ -68,7 +68,7 @@ def material(v: int) -> PromptMaterial:
 
 def tiny_policy(seed: int = 0):
   config = configs.get_preset("tiny", param_dtype="float32", compute_dtype="float32")
-  params = qwen2.init_params(config, jax.random.PRNGKey(seed))
+  params = llama.init_params(config, jax.random.PRNGKey(seed))
   return config, params
 
 

@@ -19,11 +19,11 @@ import numpy as np  # noqa: E402
 import jax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from empo2_jax.model import qwen2  # noqa: E402
-from empo2_jax.model.configs import Qwen2Config  # noqa: E402
+from empo2_jax.model import llama  # noqa: E402
+from empo2_jax.model.configs import LlamaConfig  # noqa: E402
 from empo2_jax.parallel import mesh as pmesh, sharding as shd, train_lm  # noqa: E402
 
-CONFIG = Qwen2Config(
+CONFIG = LlamaConfig(
   vocab_size=512,
   hidden_size=64,
   intermediate_size=128,
@@ -40,7 +40,7 @@ MESHES = [(8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
 
 
 def inputs():
-  params = jax.tree.map(np.asarray, qwen2.init_params(CONFIG, jax.random.key(0)))
+  params = jax.tree.map(np.asarray, llama.init_params(CONFIG, jax.random.key(0)))
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, CONFIG.vocab_size, (16, 24)).astype(np.int32)
   mask = np.ones_like(tokens)
@@ -81,7 +81,7 @@ def max_diff(a, b):
 def parity(out_path):
   params, tokens, mask = inputs()
   ref, _ = run(pmesh.make_mesh((1, 1, 1), jax.devices()[:1]), params, tokens, mask)
-  logits = np.asarray(qwen2.forward(params, CONFIG, tokens, mask))
+  logits = np.asarray(llama.forward(params, CONFIG, tokens, mask))
   report = {
     "ref_vs_unsharded_forward": float(np.abs(ref["logits"] - logits).max()),
     "ref_loss": ref["loss"],

@@ -1,4 +1,4 @@
-"""Causal query-block attention (the dense path, Qwen2Config.attention_block) equals the full
+"""Causal query-block attention (the dense path, LlamaConfig.attention_block) equals the full
 score matrix; the flash kernel has its own tests (tests/test_attention_flash.py)."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.model.configs import get_preset
 
 
@@ -23,21 +23,21 @@ def _inputs(c, seed=0):
 @pytest.mark.parametrize("block", [16, 32, 69, 70, 200])
 def test_blocked_forward_equals_full_on_real_positions(block):
   c = get_preset("tiny").replace(attention_block=0, attention_impl="dense")
-  params = qwen2.init_params(c, jax.random.key(0))
+  params = llama.init_params(c, jax.random.key(0))
   tok, mask = _inputs(c)
-  full = np.asarray(qwen2.forward(params, c, tok, mask))
-  out = np.asarray(qwen2.forward(params, c.replace(attention_block=block), tok, mask))
+  full = np.asarray(llama.forward(params, c, tok, mask))
+  out = np.asarray(llama.forward(params, c.replace(attention_block=block), tok, mask))
   real = mask > 0
   np.testing.assert_allclose(out[real], full[real], rtol=0, atol=2e-6)
 
 
 def test_blocked_gradients_equal_full():
   c = get_preset("tiny").replace(attention_block=0, attention_impl="dense")
-  params = qwen2.init_params(c, jax.random.key(1))
+  params = llama.init_params(c, jax.random.key(1))
   tok, mask = _inputs(c, seed=1)
 
   def loss(p, cfg):
-    logits = qwen2.forward(p, cfg, tok, mask)
+    logits = llama.forward(p, cfg, tok, mask)
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
     picked = jnp.take_along_axis(logp, tok[:, 1:, None], axis=-1)[..., 0]
     return -jnp.sum(picked * mask[:, 1:] * mask[:, :-1])  # predicted from a real position

@@ -1,5 +1,5 @@
 """Blockwise attention with its own backward (model/attention.py, attention_impl="flash") equals
-the full score matrix (`qwen2._attend`) in values and gradients; a whole model agrees flash vs
+the full score matrix (`llama._attend`) in values and gradients; a whole model agrees flash vs
 dense.
 
 Tolerances are relative to the compared array's scale: max|a - b| <= RTOL * max|b| with RTOL =
@@ -13,7 +13,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.model.attention import flash_attention
 from empo2_jax.model.configs import get_preset
 
@@ -80,7 +80,7 @@ def test_values_and_gradients_equal_full_matrix(b, t, k, g, hd, block, kind):
   w = jnp.asarray(rng.normal(size=(b, t, k * g * hd)) * seen[..., None], jnp.float32)
 
   def ref(q, kk, v):
-    return qwen2._attend(q, kk, v, jnp.asarray(allowed), jnp.float32)
+    return llama._attend(q, kk, v, jnp.asarray(allowed), jnp.float32)
 
   def flash(q, kk, v):
     return flash_attention(q, kk, v, mask, block=block, dtype=jnp.float32)
@@ -154,12 +154,12 @@ def _model_inputs(c, seed):
 def test_model_forward_and_gradients_flash_equal_dense():
   block = 32  # 3 query tiles over 70 positions: the loop, the diagonal and a short last tile
   c = get_preset("tiny").replace(attention_impl="dense", attention_block=0)
-  params = qwen2.init_params(c, jax.random.key(2))
+  params = llama.init_params(c, jax.random.key(2))
   tok, mask = _model_inputs(c, seed=2)
   flash = c.replace(attention_impl="flash", attention_block=block)
 
   def loss(p, cfg, tok, mask):  # tokens as arguments: XLA would constant-fold the loss's scatter
-    logits = qwen2.forward(p, cfg, tok, mask)
+    logits = llama.forward(p, cfg, tok, mask)
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
     picked = jnp.take_along_axis(logp, tok[:, 1:, None], axis=-1)[..., 0]
     return -jnp.sum(picked * mask[:, 1:] * mask[:, :-1]), logits  # predicted from a real position

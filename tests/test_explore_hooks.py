@@ -75,7 +75,7 @@ class _Trainer:
   def __init__(self, actor):
     self.actor, self.model_config = actor, None
 
-  def _sampling_params(self):
+  def sampling_params(self):
     return None
 
 

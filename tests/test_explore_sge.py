@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.explore import sge
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.logprobs import naive_token_logprobs, token_logprobs
 
-MODEL = Qwen2Config(
+MODEL = LlamaConfig(
   vocab_size=512,
   hidden_size=64,
   intermediate_size=128,
@@ -143,7 +143,7 @@ def test_token_logprobs_per_token_temperature_vs_numpy():
 def _reference_logprobs(params, seq, n_prompt, temps):
   """numpy: log softmax(logits / T_t)[token_t] for the tokens after the prompt."""
   logits = np.asarray(
-    qwen2.forward(params, MODEL, jnp.asarray([seq]), jnp.ones((1, len(seq)), jnp.int32))
+    llama.forward(params, MODEL, jnp.asarray([seq]), jnp.ones((1, len(seq)), jnp.int32))
   )[0]
   out = []
   for j, t in enumerate(temps):
@@ -159,7 +159,7 @@ def test_session_two_phase_logprobs_are_under_the_temperature_used():
   from empo2_jax.sampling.sampler import SamplerSettings
   from empo2_jax.sampling.session import Session
 
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(1))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(1))
   session = Session(
     params,
     MODEL,
@@ -200,7 +200,7 @@ def test_update_old_logprob_uses_each_tokens_temperature():
   from empo2_jax.rl.losses import LossConfig
   from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
 
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(3))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(3))
   rng = np.random.default_rng(4)
   P, R, B = 6, 5, 4
   tokens = rng.integers(0, 512, (B, P + R)).astype(np.int32)

@@ -24,19 +24,19 @@ def _trained_checkpoint(workdir, sub="checkpoints"):
 
   from empo2_jax.defaults import load_config
   from empo2_jax.memory.store import MemoryStore
-  from empo2_jax.model import configs, qwen2
+  from empo2_jax.model import configs, llama
   from empo2_jax.rl.update import TrainState
   from empo2_jax.train import checkpoint as ckpt_lib
 
   c = load_config(os.path.join(ROOT, "configs", "sciworld.py:tiny"))
   cfg = configs.get_preset(c.model.preset, param_dtype="float32", compute_dtype="float32")
-  params = qwen2.init_params(cfg, jax.random.PRNGKey(c.seed))
+  params = llama.init_params(cfg, jax.random.PRNGKey(c.seed))
   opt = optax.adamw(1e-2)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 12), 0, 1000)
   mask = jnp.ones_like(tokens)
 
   def loss(p):
-    logits = qwen2.forward(p, cfg, tokens[:, :-1], mask[:, :-1])
+    logits = llama.forward(p, cfg, tokens[:, :-1], mask[:, :-1])
     lp = jax.nn.log_softmax(logits, -1)
     return -jnp.take_along_axis(lp, tokens[:, 1:, None], -1).mean()
 

@@ -202,7 +202,7 @@ def test_evaluation_with_memory_falls_back_only_when_the_switch_says_so(switch, 
     explorer=types.SimpleNamespace(eval_notes=lambda specs: None),
     rng=jax.random.PRNGKey(0),
     iteration=0,
-    _sampling_params=lambda: None,
+    sampling_params=lambda: None,
     actor=actor,
     model_config=None,
   )

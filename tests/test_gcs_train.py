@@ -42,11 +42,11 @@ def _model(bucket: str) -> str:
   import numpy as np
 
   from empo2_jax import remote
-  from empo2_jax.model import configs, hf, qwen2
+  from empo2_jax.model import configs, hf, llama
   from empo2_jax.model.tokenizer import bundled_tokenizer_dir
 
   cfg = configs.get_preset("tiny", param_dtype="float32")
-  params = jax.tree.map(np.asarray, qwen2.init_params(cfg, jax.random.PRNGKey(0)))
+  params = jax.tree.map(np.asarray, llama.init_params(cfg, jax.random.PRNGKey(0)))
   path = f"{bucket}/models/m"
   hf.save_checkpoint(path, cfg, params)
   remote.upload_dir(bundled_tokenizer_dir(), path)

@@ -8,8 +8,8 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 
 from empo2_jax.model import gguf as G
-from empo2_jax.model import hf, qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import hf, llama
+from empo2_jax.model.configs import LlamaConfig
 
 QUANTIZABLE = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 DEQUANT_ONLY = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]  # the package cannot quantize these
@@ -25,7 +25,7 @@ ROUND_TRIP_TOL = {
   Q.Q4_1: 0.15,
 }
 # 256-wide so that every block size (32, 256) divides each row
-SMALL = Qwen2Config(
+SMALL = LlamaConfig(
   vocab_size=256,
   hidden_size=256,
   intermediate_size=256,
@@ -114,7 +114,7 @@ def write_gguf(path, config, params, qtype, *, arch="llama", rng=None, tensors=N
 def _params(config, seed=0):
   import jax
 
-  return jax.tree.map(np.array, qwen2.init_params(config, jax.random.PRNGKey(seed), std=0.5))
+  return jax.tree.map(np.array, llama.init_params(config, jax.random.PRNGKey(seed), std=0.5))
 
 
 def test_gguf_row_order_round_trip():

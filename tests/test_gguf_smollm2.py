@@ -10,7 +10,7 @@ import torch
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import gguf, hf, qwen2
+from empo2_jax.model import gguf, hf, llama
 from empo2_jax.model.tokenizer import load_tokenizer, stop_ids
 from empo2_jax.sampling.sampler import SamplerSettings, generate
 
@@ -97,7 +97,7 @@ def test_fp32_logits_match_transformers(smollm2):
   _, config, params, model, tok = smollm2
   tokens, mask = _left_padded(tok, TEXTS)
   valid = mask.astype(bool)
-  ours = np.asarray(jax.jit(qwen2.forward, static_argnums=1)(params, config, tokens, mask))[valid]
+  ours = np.asarray(jax.jit(llama.forward, static_argnums=1)(params, config, tokens, mask))[valid]
   ref32 = _hf_logits(model, tokens, mask)[valid]
   model.to(torch.float64)
   try:
@@ -118,7 +118,7 @@ def test_bf16_compute_kl_small(smollm2):
   _, config, params, model, tok = smollm2
   tokens, mask = _left_padded(tok, TEXTS)
   valid = mask.astype(bool)
-  ours = qwen2.forward(params, config.replace(compute_dtype="bfloat16"), tokens, mask)
+  ours = llama.forward(params, config.replace(compute_dtype="bfloat16"), tokens, mask)
   p = jax.nn.log_softmax(jnp.asarray(_hf_logits(model, tokens, mask), jnp.float32), -1)
   q = jax.nn.log_softmax(ours, -1)
   kl = np.asarray(jnp.sum(jnp.exp(p) * (p - q), -1))[valid]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from empo2_jax.model import configs, hf, qwen2
+from empo2_jax.model import configs, hf, llama
 from tests.conftest import make_hf_checkpoint
 
 
@@ -34,7 +34,7 @@ def test_sharded_save_and_load(tmp_path):
   config = configs.get_preset("tiny").replace(vocab_size=1000, tie_word_embeddings=False)
   import jax
 
-  params = qwen2.init_params(config, jax.random.PRNGKey(0))
+  params = llama.init_params(config, jax.random.PRNGKey(0))
   hf.save_checkpoint(str(tmp_path), config, params, max_shard_bytes=100_000)
   assert os.path.exists(tmp_path / "model.safetensors.index.json")
   assert len([f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]) > 2

@@ -10,7 +10,7 @@ import torch
 
 import jax
 
-from empo2_jax.model import configs, hf, qwen2
+from empo2_jax.model import configs, hf, llama
 from tests.conftest import hf_logits, random_batch
 
 LLAMA3_ROPE = {
@@ -80,7 +80,7 @@ def test_llama_fp32_logits_match_hf(tmp_path, case):
   # positions up to 60 > original_max_position_embeddings: every llama3 frequency band is used
   tokens, mask = random_batch(rng, 3, 61, config.vocab_size, left_pad=[(1, 9)], right_pad=[(2, 5)])
   ref = hf_logits(model, tokens, mask)
-  ours = np.asarray(jax.jit(qwen2.forward, static_argnums=1)(params, config, tokens, mask))
+  ours = np.asarray(jax.jit(llama.forward, static_argnums=1)(params, config, tokens, mask))
   valid = mask.astype(bool)
   assert np.abs(ours[valid] - ref[valid]).max() <= 1e-4
 
@@ -88,7 +88,7 @@ def test_llama_fp32_logits_match_hf(tmp_path, case):
 def test_llama3_rope_changes_frequencies():
   base = configs.get_preset("smollm2-135m")
   scaled = base.replace(rope_scaling=configs.RopeScaling(8.0, 1.0, 4.0, 64))
-  a, b = np.asarray(qwen2.rope_inv_freq(base)), np.asarray(qwen2.rope_inv_freq(scaled))
+  a, b = np.asarray(llama.rope_inv_freq(base)), np.asarray(llama.rope_inv_freq(scaled))
   assert a[0] == b[0]  # high frequencies kept
   np.testing.assert_allclose(b[-1], a[-1] / 8.0, rtol=1e-6)  # low frequencies divided by factor
 
@@ -148,20 +148,20 @@ def _llama_dict(**kw):
 )
 def test_unsupported_llama_fields_are_named(field, value, match):
   with pytest.raises(ValueError, match=match):
-    configs.Qwen2Config.from_hf_dict(_llama_dict(**{field: value}))
+    configs.LlamaConfig.from_hf_dict(_llama_dict(**{field: value}))
 
 
 def test_hf_dict_reads_both_rope_spellings_and_qwen2_keeps_biases():
-  new = configs.Qwen2Config.from_hf_dict(
+  new = configs.LlamaConfig.from_hf_dict(
     _llama_dict(rope_parameters={**LLAMA3_ROPE, "rope_theta": 5e5})
   )
-  old = configs.Qwen2Config.from_hf_dict(_llama_dict(rope_scaling=LLAMA3_ROPE, rope_theta=5e5))
+  old = configs.LlamaConfig.from_hf_dict(_llama_dict(rope_scaling=LLAMA3_ROPE, rope_theta=5e5))
   assert new == old and new.rope_theta == 5e5 and new.rope_scaling.factor == 8.0
-  assert configs.Qwen2Config.from_hf_dict(new.to_hf_dict()) == new
+  assert configs.LlamaConfig.from_hf_dict(new.to_hf_dict()) == new
   qwen = configs.get_preset("tiny")
   assert qwen.attention_bias and qwen.to_hf_dict()["architectures"] == ["Qwen2ForCausalLM"]
   with pytest.raises(ValueError, match="use_sliding_window"):
-    configs.Qwen2Config.from_hf_dict({**qwen.to_hf_dict(), "use_sliding_window": True})
+    configs.LlamaConfig.from_hf_dict({**qwen.to_hf_dict(), "use_sliding_window": True})
 
 
 def test_smollm2_presets_have_published_sizes():
@@ -181,13 +181,13 @@ def test_llama_params_shard_without_bias_rules():
   from jax.sharding import PartitionSpec as P
   from empo2_jax.parallel import sharding as shd
 
-  shapes = qwen2.param_shapes(configs.get_preset("smollm2-135m"))
+  shapes = llama.param_shapes(configs.get_preset("smollm2-135m"))
   assert not {"bq", "bk", "bv"} & set(shapes["layers"])
   specs = shd.tree_specs(shapes)
   assert specs["layers"]["wk"] == P(None, "fsdp", "tensor") and specs["embed"] == P(
     "tensor", "fsdp"
   )
-  params = qwen2.init_params(
+  params = llama.init_params(
     configs.get_preset("smollm2-135m").replace(num_layers=1, vocab_size=64), jax.random.PRNGKey(0)
   )
   assert jax.tree.structure(params) == jax.tree.structure(

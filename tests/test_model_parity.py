@@ -6,7 +6,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import hf, qwen2
+from empo2_jax.model import hf, llama
 from tests.conftest import hf_logits, make_hf_checkpoint, random_batch
 
 CASES = {
@@ -25,7 +25,7 @@ def test_fp32_logits_match_hf(tmp_path, case):
   # odd length, batch 3: full row, left-padded row, right-padded row
   tokens, mask = random_batch(rng, 3, 37, config.vocab_size, left_pad=[(1, 9)], right_pad=[(2, 5)])
   ref = hf_logits(model, tokens, mask)
-  ours = np.asarray(jax.jit(qwen2.forward, static_argnums=1)(params, config, tokens, mask))
+  ours = np.asarray(jax.jit(llama.forward, static_argnums=1)(params, config, tokens, mask))
   valid = mask.astype(bool)
   assert np.abs(ours[valid] - ref[valid]).max() <= 1e-4
 
@@ -37,7 +37,7 @@ def test_bf16_compute_kl_small(hf_tiny):
   rng = np.random.default_rng(2)
   tokens, mask = random_batch(rng, 2, 33, config.vocab_size, left_pad=[(1, 4)])
   ref = hf_logits(model, tokens, mask)
-  ours = np.asarray(qwen2.forward(params, config16, tokens, mask))
+  ours = np.asarray(llama.forward(params, config16, tokens, mask))
   p = jax.nn.log_softmax(ref, -1)
   q = jax.nn.log_softmax(ours, -1)
   kl = np.asarray(jnp.sum(jnp.exp(p) * (p - q), -1))[mask.astype(bool)]
@@ -48,9 +48,9 @@ def test_scan_and_loop_and_remat_agree(hf_tiny):
   path, _ = hf_tiny
   config, params = hf.load_checkpoint(path)
   tokens, mask = random_batch(np.random.default_rng(3), 2, 16, config.vocab_size)
-  base = qwen2.forward(params, config, tokens, mask)
+  base = llama.forward(params, config, tokens, mask)
   for kw in (dict(scan_layers=False), dict(remat="full"), dict(remat="dots_saveable")):
-    other = qwen2.forward(params, config.replace(**kw), tokens, mask)
+    other = llama.forward(params, config.replace(**kw), tokens, mask)
     np.testing.assert_allclose(np.asarray(other), np.asarray(base), atol=1e-5)
 
 
@@ -58,9 +58,9 @@ def test_hidden_states_project_to_logits(hf_tiny):
   path, _ = hf_tiny
   config, params = hf.load_checkpoint(path)
   tokens, mask = random_batch(np.random.default_rng(4), 2, 12, config.vocab_size)
-  hidden = qwen2.forward(params, config, tokens, mask, return_hidden=True)
-  logits = qwen2.forward(params, config, tokens, mask)
-  proj = jnp.einsum("btd,dv->btv", hidden, qwen2.output_embedding(params, config))
+  hidden = llama.forward(params, config, tokens, mask, return_hidden=True)
+  logits = llama.forward(params, config, tokens, mask)
+  proj = jnp.einsum("btd,dv->btv", hidden, llama.output_embedding(params, config))
   np.testing.assert_allclose(np.asarray(proj), np.asarray(logits), atol=1e-5)
 
 
@@ -76,9 +76,9 @@ def test_kv_cache_chunks_match_full_forward(hf_tiny, block, scan):
   rng = np.random.default_rng(5)
   lens = np.array([20, 13])
   tokens = rng.integers(0, config.vocab_size, size=(2, 20)).astype(np.int32)
-  full = np.asarray(qwen2.forward(params, config, tokens, np.ones_like(tokens)))
+  full = np.asarray(llama.forward(params, config, tokens, np.ones_like(tokens)))
   config = config.replace(cache_block=block, scan_layers=scan)
-  cache = qwen2.init_cache(config, 2, 32, dtype=jnp.float32)
+  cache = llama.init_cache(config, 2, 32, dtype=jnp.float32)
   if block < 32:  # the furthest query is slot 19: blocks of 5 end at slot 19, blocks of 8 at 23
     far = 20 if block == 5 else 24
     cache = {k: v if k == "mask" else v.at[:, :, :, far:].set(jnp.nan) for k, v in cache.items()}
@@ -92,7 +92,7 @@ def test_kv_cache_chunks_match_full_forward(hf_tiny, block, scan):
       toks[b, : chunk[b]] = tokens[b, index[b] : index[b] + chunk[b]]
       m[b, : chunk[b]] = 1
     pos = index[:, None] + np.arange(t)[None]
-    logits, cache = qwen2.forward(
+    logits, cache = llama.forward(
       params, config, toks, m, positions=pos, cache=cache, cache_index=index
     )
     for b in range(2):

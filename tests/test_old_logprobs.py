@@ -17,8 +17,8 @@ import optax
 import pytest
 from configs import sciworld
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.rl.packing import packed_response_logprobs
@@ -34,7 +34,7 @@ from empo2_jax.train import settings
 
 MEASURED_MAX_ABSDIFF = 3.1e-5  # the SmolLM2 measurement above (nats)
 
-MODEL = Qwen2Config(
+MODEL = LlamaConfig(
   vocab_size=512,
   hidden_size=64,
   intermediate_size=128,
@@ -153,7 +153,7 @@ def test_update_with_sampler_logprobs_equals_recompute():
   """Same batch, same start: the update that takes the sampler's log-probs (off by up to the
   measured 3.1e-5 nats) ends at the same params and metrics as the one that recomputes them; the
   sampler-mode update with old_from_sampler=False recomputes (bit-equal to recompute mode)."""
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(0))
   batch = jax.tree.map(jnp.asarray, _on_policy_batch(params, noise=MEASURED_MAX_ABSDIFF))
   opt = optax.sgd(0.05)  # Adam would amplify the tiny differences of near-zero gradients
   base = dict(minibatch_size=4, micro_rows=2, vocab_chunk=100, loss=LossConfig(low_prob_delta=-30))
@@ -190,7 +190,7 @@ def test_update_with_sampler_logprobs_equals_recompute():
 
 def test_packed_batch_and_turn_batch_agree_in_sampler_mode():
   """as_packed: the turn layout's sampler_logp become [B, 1, R] and are used as they are."""
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(1))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(1))
   batch = _on_policy_batch(params, seed=1)
   cfg = UpdateConfig(minibatch_size=8, micro_rows=2, old_logprobs="sampler")
   opt = optax.sgd(0.05)

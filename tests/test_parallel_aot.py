@@ -104,7 +104,7 @@ def test_the_flop_floor_counts_every_matmul_weight_and_rejects_undercounting_pro
   # parameter shapes), times the passes, times the remat recompute.
   import numpy as np
 
-  from empo2_jax.model.qwen2 import param_shapes
+  from empo2_jax.model.llama import param_shapes
   from empo2_jax.parallel import aot as aot_lib
 
   c = get_preset("tiny")

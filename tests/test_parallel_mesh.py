@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.model.configs import get_preset
 from empo2_jax.parallel import aot, mesh as pmesh, sharding as shd, train_lm
 
@@ -50,7 +50,7 @@ def test_make_mesh_on_this_host_and_bad_count():
 
 def test_rules_cover_every_param_and_keep_layer_axis_unsharded():
   config = get_preset("7b")
-  specs = shd.tree_specs(qwen2.param_shapes(config))
+  specs = shd.tree_specs(llama.param_shapes(config))
   assert specs["embed"] == P("tensor", "fsdp") and specs["lm_head"] == P("fsdp", "tensor")
   assert specs["layers"]["wq"] == P(None, "fsdp", "tensor")
   assert specs["layers"]["w_down"] == P(None, "tensor", "fsdp")
@@ -58,7 +58,7 @@ def test_rules_cover_every_param_and_keep_layer_axis_unsharded():
   for name, spec in specs["layers"].items():
     assert len(spec) == 0 or spec[0] is None, name
   # every 7B param divides a (data=1, fsdp=16, tensor=4) pod slice
-  shd.tree_shardings(qwen2.param_shapes(config), abstract_mesh(1, 16, 4))
+  shd.tree_shardings(llama.param_shapes(config), abstract_mesh(1, 16, 4))
 
 
 def test_optimizer_state_follows_params():
@@ -72,7 +72,7 @@ def test_optimizer_state_follows_params():
 
 
 def test_unshardable_dim_names_the_param():
-  shapes = qwen2.param_shapes(get_preset("0.5b"))  # D = 896 = 2^7 * 7
+  shapes = llama.param_shapes(get_preset("0.5b"))  # D = 896 = 2^7 * 7
   with pytest.raises(ValueError) as e:
     shd.tree_shardings(shapes, abstract_mesh(1, 256, 1))
   assert "embed" in str(e.value) and "896" in str(e.value) and "fsdp" in str(e.value)

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.logprobs import naive_token_logprobs, response_logprobs, token_logprobs
 
 
@@ -93,7 +93,7 @@ def test_bfloat16_inputs_close_to_float32():
 
 
 def test_response_logprobs_match_full_forward():
-  cfg = Qwen2Config(
+  cfg = LlamaConfig(
     vocab_size=512,
     hidden_size=64,
     intermediate_size=128,
@@ -102,7 +102,7 @@ def test_response_logprobs_match_full_forward():
     num_kv_heads=2,
     head_dim=16,
   )
-  params = qwen2.init_params(cfg, jax.random.PRNGKey(0))
+  params = llama.init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(5)
   B, L, R = 3, 12, 4
   tokens = rng.integers(0, 512, (B, L)).astype(np.int32)
@@ -112,7 +112,7 @@ def test_response_logprobs_match_full_forward():
   lp = jax.jit(lambda p, t, a: response_logprobs(p, cfg, t, a, R, chunk_size=100))(
     params, jnp.asarray(tokens), jnp.asarray(attn)
   )
-  logits = jax.jit(lambda p, t, a: qwen2.forward(p, cfg, t, a))(
+  logits = jax.jit(lambda p, t, a: llama.forward(p, cfg, t, a))(
     params, jnp.asarray(tokens), jnp.asarray(attn)
   )
   full = jax.nn.log_softmax(logits, -1)

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.rl import minibatch
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.rl.update import (
@@ -49,7 +49,7 @@ def changed_fraction(a, b):
 
 def test_lr_1e6_step_moves_fp32_masters_but_not_bf16_storage():
   """The default precision learns at the paper's lr; bf16 storage would round every step away."""
-  params = qwen2.init_params(BF16_COMPUTE, jax.random.PRNGKey(0))  # fp32 masters
+  params = llama.init_params(BF16_COMPUTE, jax.random.PRNGKey(0))  # fp32 masters
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
   batch = jax.tree.map(jnp.asarray, pattern_batch(16))
   cfg = UpdateConfig(
@@ -83,7 +83,7 @@ def test_lr_1e6_step_moves_fp32_masters_but_not_bf16_storage():
 def test_fp32_masters_compute_in_bf16_with_fp32_gradients():
   """bf16 compute from fp32 masters is exactly the bf16-weight model (the cast happens per use),
   differs from fp32 compute, and its gradients w.r.t. the masters are fp32."""
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(1))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(1))
   b = make_batch(2)
   tok, attn = jnp.asarray(b["cur_tokens"]), jnp.asarray(b["cur_attn"])
   cfg = UpdateConfig(micro_rows=8, vocab_chunk=128)
@@ -111,7 +111,7 @@ def test_sampler_takes_fp32_masters_with_bf16_compute():
   """Rollouts read the fp32 masters: same tokens and log-probs as the bf16-cast weights."""
   from empo2_jax.sampling.sampler import SamplerSettings, generate
 
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(3))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(3))
   cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   prompts = [[5, 6, 7, 8], [9, 10, 11]]
   kw = dict(
@@ -205,7 +205,7 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
   the second step on the policy has moved, so ratios leave 1 and the clip acts. Equals plain SGD per
   slot
   (padding rows add nothing; each step's denominator is its own token count)."""
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(5))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(5))
   cfg = UpdateConfig(
     learning_rate=3e-2,
     minibatch_size=128,
@@ -247,7 +247,7 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
 
 def test_update_compiles_once_per_bucket():
   """Different sample counts in the same bucket reuse one executable; padding slots are free."""
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(6))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(6))
   cfg = UpdateConfig(learning_rate=1e-3, minibatch_size=16, micro_rows=8, vocab_chunk=128)
   update = make_update_fn(MODEL, cfg, donate=False)
   state = init_train_state(params, make_optimizer(cfg))

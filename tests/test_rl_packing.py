@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from empo2_jax.agent import prompts
 from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.model import configs as model_configs
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.model.tokenizer import IM_END_ID, load_tokenizer
 from empo2_jax.rl import minibatch
 from empo2_jax.rl.batch import BatchConfig, Turn, build_batch, build_packed_batch
@@ -80,7 +80,7 @@ def make_turns(tok, mode, seed=0):
 
 def tiny():
   cfg = model_configs.get_preset("tiny")
-  return cfg, qwen2.init_params(cfg, jax.random.PRNGKey(5), std=0.05)
+  return cfg, llama.init_params(cfg, jax.random.PRNGKey(5), std=0.05)
 
 
 def run_update(cfg, params, batch, ucfg, seed=(0, 1)):

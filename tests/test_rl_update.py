@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.losses import LossConfig
 from empo2_jax.rl.update import (
   UpdateConfig,
@@ -22,7 +22,7 @@ from empo2_jax.rl.update import (
   sample_logprobs_fn,
 )
 
-MODEL = Qwen2Config(
+MODEL = LlamaConfig(
   vocab_size=512,
   hidden_size=64,
   intermediate_size=128,
@@ -70,7 +70,7 @@ def make_batch(seed, rows=B, vocab=512):
 
 @jax.jit
 def full_logp(params, tok, attn):
-  logits = qwen2.forward(params, MODEL, jnp.asarray(tok), jnp.asarray(attn))
+  logits = llama.forward(params, MODEL, jnp.asarray(tok), jnp.asarray(attn))
   lp = jax.nn.log_softmax(logits[:, P - 1 : P + R - 1], -1)
   return jnp.take_along_axis(lp, jnp.asarray(tok)[:, P:, None], -1)[..., 0]
 
@@ -106,7 +106,7 @@ def reference_update(params, batch, cfg, n_minibatches, opt):
 @pytest.mark.slow
 def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
   """Two mini-batches of two micro-batches each (strided rows), low-prob mask on half the rows."""
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(0))
   batch = make_batch(0)
   old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
   min_old = np.where(batch["response_mask"] > 0, old, np.inf).min(1)
@@ -152,7 +152,7 @@ def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
 
 
 def test_positive_advantage_raises_logprob():
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(1))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(1))
   batch = make_batch(3)
   batch["advantages"] = np.zeros(B, np.float32)
   batch["advantages"][2] = 1.0
@@ -171,7 +171,7 @@ def test_positive_advantage_raises_logprob():
 
 
 def test_kl_needs_reference_and_bad_rows_rejected():
-  params = qwen2.init_params(MODEL, jax.random.PRNGKey(2))
+  params = llama.init_params(MODEL, jax.random.PRNGKey(2))
   batch = jax.tree.map(jnp.asarray, make_batch(4))
   cfg = UpdateConfig(micro_rows=4, vocab_chunk=128, loss=LossConfig(kl_coef=0.01))
   fn = make_update_fn(MODEL, cfg, donate=False)
@@ -190,14 +190,14 @@ SHARDED_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as PS
     from tests.test_rl_update import MODEL, make_batch
-    from empo2_jax.model import qwen2
+    from empo2_jax.model import llama
     from empo2_jax.rl.losses import LossConfig
     from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
     assert jax.device_count() == 8, jax.devices()
     cfg = UpdateConfig(learning_rate=1e-3, minibatch_size=16, micro_rows=8, vocab_chunk=100,
                        adam_eps=1e-4, loss=LossConfig(low_prob_mask=False))
     batch = jax.tree.map(jnp.asarray, make_batch(7, rows=32))
-    params = qwen2.init_params(MODEL, jax.random.PRNGKey(0))
+    params = llama.init_params(MODEL, jax.random.PRNGKey(0))
     opt = make_optimizer(cfg)
     one = jax.device_put(init_train_state(jax.tree.map(jnp.copy, params), opt), jax.devices()[0])
     s1, m1 = make_update_fn(MODEL, cfg)(one, jax.device_put(batch, jax.devices()[0]))

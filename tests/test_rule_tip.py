@@ -120,7 +120,7 @@ def test_actor_reflect_with_rule_samples_nothing_and_writes_the_rule_tip(monkeyp
   a.settings = ActorSettings(reflector="rule", memory_key="step")
   a.tok, a.memory = _FakeTok(), type("M", (), {"store": None, "encoder": None})()
   a.prompts = actor_lib.prompts.SCIENCEWORLD
-  a._sample = lambda *args, **kw: pytest.fail("the rule reflector sampled")
+  a.sample = lambda *args, **kw: pytest.fail("the rule reflector sampled")
   e = Episode("find-animal", 0, 0, 0, "on", False)
   e.executed, e.step_keys, e.goals, e.score = ["focus on cat"], ["k0"], GOALS, 50.0
   e.turns = [Turn([], "focus on cat", [], [], "on", 0, 0, step=0, episode_return=50.0, reward=50.0)]

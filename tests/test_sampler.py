@@ -8,8 +8,8 @@ import torch
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import hf, qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import hf, llama
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.sampling import kernels
 from empo2_jax.sampling.sampler import SamplerSettings, chunk_plan, generate, get_engine
 from tests.conftest import make_hf_checkpoint
@@ -41,7 +41,7 @@ def tiny_config(vocab, **kw):
     rope_theta=10000.0,
   )
   base.update(kw)
-  return Qwen2Config(**base)
+  return LlamaConfig(**base)
 
 
 def hf_greedy(model, prompt, max_new, stop):
@@ -133,10 +133,10 @@ def _tv(p, q):
 @pytest.mark.slow
 def test_temperature_sampling_follows_softmax():
   config = tiny_config(8)
-  params = qwen2.init_params(config, jax.random.key(0), std=0.6)
+  params = llama.init_params(config, jax.random.key(0), std=0.6)
   prompt = [1, 5, 2, 7]
   logits = np.asarray(
-    qwen2.forward(params, config, jnp.asarray([prompt]), jnp.ones((1, 4), jnp.int32))
+    llama.forward(params, config, jnp.asarray([prompt]), jnp.ones((1, 4), jnp.int32))
   )[0, -1]
   settings = SamplerSettings(
     cache_dtype="float32", prefill_chunks=(8,), cache_lengths=(32,), batch_sizes=(2048,)
@@ -199,7 +199,7 @@ def test_top_k_top_p_stay_in_allowed_set(top_k, top_p):
 
 def test_generate_top_k_end_to_end():
   config = tiny_config(16)
-  params = qwen2.init_params(config, jax.random.key(4), std=0.5)
+  params = llama.init_params(config, jax.random.key(4), std=0.5)
   prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [5]]
   out = generate(
     params,
@@ -214,7 +214,7 @@ def test_generate_top_k_end_to_end():
   for p, (toks, lps) in zip(prompts, out):
     seq = p + toks.tolist()
     logits = np.asarray(
-      jax.jit(qwen2.forward, static_argnums=1)(
+      jax.jit(llama.forward, static_argnums=1)(
         params, config, jnp.asarray([seq]), jnp.ones((1, len(seq)), jnp.int32)
       )
     )[0]
@@ -227,7 +227,7 @@ def test_generate_top_k_end_to_end():
 @pytest.mark.slow
 def test_compile_count_bounded():
   config = tiny_config(64)
-  params = qwen2.init_params(config, jax.random.key(0), std=0.3)
+  params = llama.init_params(config, jax.random.key(0), std=0.3)
   settings = SamplerSettings(
     cache_dtype="float32",
     prefill_chunks=(16, 64),

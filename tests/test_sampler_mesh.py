@@ -12,16 +12,16 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
   import numpy as np, jax
-  from empo2_jax.model import qwen2
-  from empo2_jax.model.configs import Qwen2Config
+  from empo2_jax.model import llama
+  from empo2_jax.model.configs import LlamaConfig
   from empo2_jax.parallel.mesh import make_mesh
   from empo2_jax.parallel.sharding import shard_tree
   from empo2_jax.sampling.sampler import SamplerSettings, generate
   from empo2_jax.sampling.session import Session
   assert jax.device_count() == 2, jax.devices()
-  cfg = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,
+  cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=1e4)
-  params = qwen2.init_params(cfg, jax.random.key(0), std=0.3)
+  params = llama.init_params(cfg, jax.random.key(0), std=0.3)
   st = SamplerSettings(cache_dtype="float32", prefill_chunks=(16, 64))
   mesh = make_mesh("data=1,fsdp=2,tensor=1")
   sharded = shard_tree(params, mesh)

@@ -5,12 +5,12 @@ import pytest
 
 import jax
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.sampling.sampler import SamplerSettings, generate, get_engine
 from empo2_jax.sampling.session import Session, common_prefix
 
-CONFIG = Qwen2Config(
+CONFIG = LlamaConfig(
   vocab_size=256,
   hidden_size=32,
   intermediate_size=64,
@@ -26,7 +26,7 @@ STOP = (7, 11, 13)  # common enough that responses end at different lengths
 
 @pytest.fixture(scope="module")
 def params():
-  return qwen2.init_params(CONFIG, jax.random.key(0), std=0.3)
+  return llama.init_params(CONFIG, jax.random.key(0), std=0.3)
 
 
 def test_common_prefix():
@@ -152,5 +152,5 @@ def test_prefill_of_a_row_subset_matches_a_plain_forward(params):
       np.testing.assert_array_equal(hidden[r], before[r])
       continue
     seq = np.asarray([first[r] + second[r]], np.int32)
-    ref = qwen2.forward(params, CONFIG, seq, np.ones_like(seq), return_hidden=True)
+    ref = llama.forward(params, CONFIG, seq, np.ones_like(seq), return_hidden=True)
     np.testing.assert_allclose(hidden[r], np.asarray(ref)[0, -1], atol=1e-4, rtol=1e-4)

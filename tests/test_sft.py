@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from empo2_jax.envs.fewshot import GoldTrajectory, PromptMaterial
 from empo2_jax.model import configs as model_configs
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.model.tokenizer import load_tokenizer, stop_ids
 from empo2_jax.rl.packing import pack_turns
 from empo2_jax.rl.update import init_train_state, make_optimizer
@@ -102,7 +102,7 @@ def test_chat_rows_pack_one_row_per_episode_with_answer_masks(tok):
 
 def _tiny(vocab):
   cfg = model_configs.get_preset("tiny", vocab_size=vocab)
-  return cfg, qwen2.init_params(cfg, jax.random.PRNGKey(3), std=0.1)
+  return cfg, llama.init_params(cfg, jax.random.PRNGKey(3), std=0.1)
 
 
 def test_answer_nll_equals_naive_per_turn_log_softmax():
@@ -121,7 +121,7 @@ def test_answer_nll_equals_naive_per_turn_log_softmax():
   ref = 0.0
   for p, r in ((p0, r0), (p1, r1)):
     toks = np.array([p + r], np.int32)
-    logits = np.asarray(qwen2.forward(params, cfg, toks, np.ones_like(toks)), np.float64)[0]
+    logits = np.asarray(llama.forward(params, cfg, toks, np.ones_like(toks)), np.float64)[0]
     logp = (
       logits
       - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))

@@ -16,11 +16,11 @@ from gguf import GGMLQuantizationType as Q
 
 from empo2_jax.model import gguf as G
 from empo2_jax.model import hf
-from empo2_jax.model.configs import Qwen2Config
-from empo2_jax.model.qwen2 import param_shapes
+from empo2_jax.model.configs import LlamaConfig
+from empo2_jax.model.llama import param_shapes
 from tests.test_gguf import write_gguf
 
-CFG = Qwen2Config(
+CFG = LlamaConfig(
   vocab_size=64,
   hidden_size=32,
   intermediate_size=48,

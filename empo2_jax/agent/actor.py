@@ -258,7 +258,7 @@ class Actor:
       with self._timed("sampling"):
         step_key = jax.random.fold_in(rng, step_i)
         if sampler is None:
-          out = self._sample(
+          out = self.sample(
             session,
             requests,
             step_key,
@@ -323,7 +323,7 @@ class Actor:
     for k in ("prefill_tokens", "reused_tokens", "truncations"):
       stats[k] = int(session.stats[k])
 
-  def _sample(
+  def sample(
     self,
     session: Session,
     requests: dict,
@@ -364,7 +364,7 @@ class Actor:
     sampled = todo if s.reflector == "policy" else []
     requests = {i: self._ids(episodes[i], self._tip_messages(episodes[i])) for i in sampled}
     out = (
-      self._sample(
+      self.sample(
         session, requests, rng, max_new_tokens=s.tip_max_new_tokens, temperature=s.tip_temperature
       )
       if requests

@@ -118,7 +118,7 @@ class Explorer:
       t_s = {i: temps[episodes[i].rollout_id % self.group_size] for i in requests}
 
       def sample(rows, k, n, t):
-        return actor._sample(
+        return actor.sample(
           session, rows, k, max_new_tokens=n, temperature=t, keep_prefix=keep_prefix
         )
 
@@ -201,7 +201,7 @@ class Explorer:
       )
       specs.append((e.task, e.variation, gid))
     guided = trainer.actor.rollout(
-      trainer._sampling_params(),
+      trainer.sampling_params(),
       trainer.model_config,
       specs,
       use_memory=False,

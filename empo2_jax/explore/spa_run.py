@@ -19,10 +19,10 @@ def collect(trainer, c) -> list:
 
   episodes = []
   for k in range(c.spa.collect_iterations):
-    rows = trainer._rows_for_iteration()
+    rows = trainer.rows_for_iteration()
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
     got = trainer.actor.rollout(
-      trainer._sampling_params(),
+      trainer.sampling_params(),
       trainer.model_config,
       specs,
       use_memory=False,

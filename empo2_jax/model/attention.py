@@ -1,6 +1,6 @@
 """Blockwise (FlashAttention-2 style) attention for the cache-free forward, with its own backward.
 
-`flash_attention(q, k, v, key_mask, block=..., causal=True)` computes what `qwen2._attend` computes
+`flash_attention(q, k, v, key_mask, block=..., causal=True)` computes what `llama._attend` computes
 with allowed[b, t, s] = (s <= t when causal) & (key_mask[b, s] > 0), without ever holding the
 [T, S] score matrix:
 
@@ -17,7 +17,7 @@ with allowed[b, t, s] = (s <= t when causal) & (key_mask[b, s] > 0), without eve
 Numerics contract: matmuls take the given `dtype` (the model's compute dtype) and accumulate in
 float32 (preferred_element_type); scores, the softmax statistics, the output accumulator and all
 gradient accumulators are float32; the output and gradients are cast back to the input dtypes.
-The result equals the full score matrix softmax (`qwen2._attend`) up to float rounding. A query
+The result equals the full score matrix softmax (`llama._attend`) up to float rounding. A query
 with no allowed key (left padding under a causal mask, or a row without real keys) gets output
 zeros and zero gradients (`_attend` averages every key there instead; padding outputs are never
 read by the model's losses).

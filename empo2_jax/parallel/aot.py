@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import topologies
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config, get_preset
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig, get_preset
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.parallel.mesh import make_mesh
 from empo2_jax.parallel.train_lm import (
@@ -88,7 +88,7 @@ class Program(NamedTuple):
   floor_flops: float = 0.0  # flops any compilation must execute, whole mesh (0: no check)
 
 
-PROGRAMS: dict[str, Callable[[Qwen2Config, Any, AotRequest], Program]] = {}
+PROGRAMS: dict[str, Callable[[LlamaConfig, Any, AotRequest], Program]] = {}
 
 
 def register_program(name: str):
@@ -99,9 +99,9 @@ def register_program(name: str):
   return deco
 
 
-def forward_flops_per_token(c: Qwen2Config, seq: int, attention: bool = True) -> float:
+def forward_flops_per_token(c: LlamaConfig, seq: int, attention: bool = True) -> float:
   """2 x matmul params + attention scores and values over the full T x T matrix (PaLM's MFU
-  convention; the cache-free forward computes 1/2-3/4 of it, `Qwen2Config.attention_block`).
+  convention; the cache-free forward computes 1/2-3/4 of it, `LlamaConfig.attention_block`).
   attention=False: the matmuls only."""
   q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
   layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
@@ -109,7 +109,7 @@ def forward_flops_per_token(c: Qwen2Config, seq: int, attention: bool = True) ->
   return 2.0 * matmul + (4.0 * c.num_layers * seq * q if attention else 0.0)
 
 
-def matmul_floor(c: Qwen2Config, tokens: int, head_tokens: int, forwards: int, grads: bool):
+def matmul_floor(c: LlamaConfig, tokens: int, head_tokens: int, forwards: int, grads: bool):
   """Matmul flops a program must execute: `forwards` forward-equivalents (a forward 1, a backward
   2) over `tokens` decoder tokens and `head_tokens` vocabulary projections; with gradients under
   remat "full", one more forward of the decoder layers (the head is not rematerialised)."""
@@ -134,7 +134,7 @@ def _batch_args(mesh, req: AotRequest):
 @register_program("forward")
 def _forward(config, mesh, req):
   params = shd.abstract_on_mesh(
-    jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0))), mesh
+    jax.eval_shape(lambda: llama.init_params(config, jax.random.key(0))), mesh
   )
   tokens, mask = _batch_args(mesh, req)
   tokens_n = req.batch * req.seq
@@ -196,7 +196,7 @@ PROBE_COMPILER_OPTIONS = {
 }
 
 
-def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, float]:
+def _probe_cost(req: AotRequest, config: LlamaConfig, mesh) -> tuple[float, float]:
   """(flops, estimated seconds) per device of the full program, from loop-free probes."""
   m = req.num_microbatches
   probe_req = dataclasses.replace(req, batch=req.batch // m, num_microbatches=1, loss_chunk=req.seq)
@@ -214,7 +214,7 @@ def _probe_cost(req: AotRequest, config: Qwen2Config, mesh) -> tuple[float, floa
   return m * (f1 + extra * (f2 - f1)), seconds
 
 
-def cost_estimate(req: AotRequest, config: Qwen2Config, mesh, prog: Program, devices) -> dict:
+def cost_estimate(req: AotRequest, config: LlamaConfig, mesh, prog: Program, devices) -> dict:
   """The cost probe's figures for `prog` (built for `req`), whole mesh: compiler flops, estimated
   seconds and MFU; `trusted` is False (and est_mfu nan) when `trusted_estimate` rejects them."""
   flops_device, seconds = _probe_cost(req, config, mesh)

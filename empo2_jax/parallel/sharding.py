@@ -22,8 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 Rules = Sequence[tuple[str, P]]
 
-# Qwen2 params (shapes in model/qwen2.py). L = stacked layers, D = width, F = MLP hidden.
-QWEN2_RULES: Rules = (
+# Qwen2 params (shapes in model/llama.py). L = stacked layers, D = width, F = MLP hidden.
+LLAMA_RULES: Rules = (
   (r"embed", P("tensor", "fsdp")),  # [V, D]
   (r"lm_head", P("fsdp", "tensor")),  # [D, V]
   (r"layers/w[qkv]", P(None, "fsdp", "tensor")),  # [L, D, heads*hd]
@@ -53,7 +53,7 @@ def path_str(path) -> str:
 
 
 def _is_shape(x) -> bool:
-  """A shape tuple as in `qwen2.param_shapes` (NamedTuples such as optax states are containers)."""
+  """A shape tuple as in `llama.param_shapes` (NamedTuples such as optax states are containers)."""
   return type(x) is tuple and len(x) > 0 and all(isinstance(i, int) for i in x)
 
 
@@ -61,7 +61,7 @@ def _shape(leaf) -> tuple[int, ...]:
   return tuple(leaf) if isinstance(leaf, tuple) else tuple(np.shape(leaf))
 
 
-def spec_for(path: str, shape: tuple[int, ...], rules: Rules = QWEN2_RULES) -> P:
+def spec_for(path: str, shape: tuple[int, ...], rules: Rules = LLAMA_RULES) -> P:
   """The PartitionSpec for one leaf. Scalars (e.g. optimizer step counts) are replicated."""
   if len(shape) == 0:
     return P()
@@ -96,7 +96,7 @@ def check_divisible(path: str, shape: tuple[int, ...], spec: P, mesh: Mesh) -> N
       )
 
 
-def tree_specs(tree: Any, rules: Rules = QWEN2_RULES) -> Any:
+def tree_specs(tree: Any, rules: Rules = LLAMA_RULES) -> Any:
   """PartitionSpec for every leaf (arrays, ShapeDtypeStructs or shape tuples)."""
   is_leaf = _is_shape
   return jax.tree_util.tree_map_with_path(
@@ -104,7 +104,7 @@ def tree_specs(tree: Any, rules: Rules = QWEN2_RULES) -> Any:
   )
 
 
-def tree_shardings(tree: Any, mesh: Mesh, rules: Rules = QWEN2_RULES) -> Any:
+def tree_shardings(tree: Any, mesh: Mesh, rules: Rules = LLAMA_RULES) -> Any:
   """NamedSharding for every leaf, after checking each sharded dim divides evenly."""
   is_leaf = _is_shape
 
@@ -117,7 +117,7 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Rules = QWEN2_RULES) -> Any:
   return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_leaf)
 
 
-def abstract_on_mesh(tree: Any, mesh: Mesh, rules: Rules = QWEN2_RULES) -> Any:
+def abstract_on_mesh(tree: Any, mesh: Mesh, rules: Rules = LLAMA_RULES) -> Any:
   """ShapeDtypeStructs carrying their mesh sharding: for AOT lowering without allocating."""
   shardings = tree_shardings(tree, mesh, rules)
   return jax.tree.map(
@@ -131,7 +131,7 @@ def _put(x, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
-def shard_tree(tree: Any, mesh: Mesh, rules: Rules = QWEN2_RULES) -> Any:
+def shard_tree(tree: Any, mesh: Mesh, rules: Rules = LLAMA_RULES) -> Any:
   """Place a params (or optimizer state) pytree on `mesh` by the rules."""
   return jax.tree.map(_put, tree, tree_shardings(tree, mesh, rules))
 

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.parallel import sharding as shd
 
 # The same train state and optimizer (global-norm clip + AdamW) as the EMPO2 update.
@@ -78,9 +78,9 @@ def chunked_next_token_ce(hidden_btd, w_out_dv, tokens_bt, mask_bt, chunk: int):
   return total, jnp.sum(weights).astype(jnp.float32)
 
 
-def lm_loss_sum(params, config: Qwen2Config, tokens_bt, mask_bt, chunk: int):
-  hidden = qwen2.forward(params, config, tokens_bt, mask_bt, return_hidden=True)
-  w_out = qwen2.output_embedding(params, config).astype(config.jnp_compute_dtype)
+def lm_loss_sum(params, config: LlamaConfig, tokens_bt, mask_bt, chunk: int):
+  hidden = llama.forward(params, config, tokens_bt, mask_bt, return_hidden=True)
+  w_out = llama.output_embedding(params, config).astype(config.jnp_compute_dtype)
   return chunked_next_token_ce(hidden, w_out, tokens_bt, mask_bt, chunk)
 
 
@@ -96,22 +96,22 @@ def _to_microbatches(x, m: int, mesh: Mesh):
 # ---------------------------------------------------------------------------------------------
 
 
-def abstract_train_state(config: Qwen2Config, optimizer) -> LMTrainState:
+def abstract_train_state(config: LlamaConfig, optimizer) -> LMTrainState:
   """ShapeDtypeStructs of the whole train state (no allocation)."""
-  params = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0)))
+  params = jax.eval_shape(lambda: llama.init_params(config, jax.random.key(0)))
   return jax.eval_shape(
     lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)), params
   )
 
 
 def train_state_shardings(
-  config: Qwen2Config, optimizer, mesh: Mesh, rules: shd.Rules = shd.QWEN2_RULES
+  config: LlamaConfig, optimizer, mesh: Mesh, rules: shd.Rules = shd.LLAMA_RULES
 ) -> LMTrainState:
   return shd.tree_shardings(abstract_train_state(config, optimizer), mesh, rules)
 
 
 def train_state_from_params(
-  params, optimizer, mesh: Mesh, rules: shd.Rules = shd.QWEN2_RULES
+  params, optimizer, mesh: Mesh, rules: shd.Rules = shd.LLAMA_RULES
 ) -> LMTrainState:
   """Shard host params by the rules and build the optimizer state already sharded."""
   params = shd.shard_tree(params, mesh, rules)
@@ -127,10 +127,10 @@ def train_state_from_params(
 
 
 def make_lm_train_step(
-  config: Qwen2Config,
+  config: LlamaConfig,
   mesh: Mesh,
   cfg: LMTrainConfig,
-  rules: shd.Rules = shd.QWEN2_RULES,
+  rules: shd.Rules = shd.LLAMA_RULES,
   donate: bool = True,
 ):
   """jit(step)(state, {"tokens", "mask"} [B, T]) -> (state, metrics), state donated."""
@@ -178,13 +178,13 @@ def make_lm_train_step(
   )
 
 
-def make_sharded_forward(config: Qwen2Config, mesh: Mesh, rules: shd.Rules = shd.QWEN2_RULES):
+def make_sharded_forward(config: LlamaConfig, mesh: Mesh, rules: shd.Rules = shd.LLAMA_RULES):
   """jit(forward)(params, tokens [B,T], mask [B,T]) -> logits [B,T,V] fp32, batch-sharded."""
-  params_abs = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0)))
+  params_abs = jax.eval_shape(lambda: llama.init_params(config, jax.random.key(0)))
   param_sh = shd.tree_shardings(params_abs, mesh, rules)
   batch_sh = shd.batch_sharding(mesh)
   return jax.jit(
-    shd.on_mesh(lambda p, t, m: qwen2.forward(p, config, t, m), mesh),
+    shd.on_mesh(lambda p, t, m: llama.forward(p, config, t, m), mesh),
     in_shardings=(param_sh, batch_sh, batch_sh),
     out_shardings=NamedSharding(mesh, P(shd.BATCH_AXES, None, "tensor")),
   )

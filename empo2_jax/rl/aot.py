@@ -10,7 +10,7 @@ response length (the last RESPONSE_LEN columns are the response). The rows form 
 minibatch_size mini-batches of UpdateConfig's default minibatch_size (128, docs/method.md §1 item
 5), or one mini-batch when batch is smaller; microbatches is the gradient-accumulation steps of one
 mini-batch. Params (fp32 masters unless the request says otherwise: the update refuses other
-storage) and AdamW state are sharded by the QWEN2_RULES, rows over (data, fsdp). Memory hardly
+storage) and AdamW state are sharded by the LLAMA_RULES, rows over (data, fsdp). Memory hardly
 depends on the number of mini-batches (their rows are data, processed one at a time).
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.parallel.aot import (
   Program,
@@ -85,7 +85,7 @@ def _train_step(config, mesh, req):
   )
   opt = make_optimizer(cfg)
   state = jax.eval_shape(
-    lambda: init_train_state(qwen2.init_params(config, jax.random.key(0)), opt)
+    lambda: init_train_state(llama.init_params(config, jax.random.key(0)), opt)
   )
   state = shd.abstract_on_mesh(state, mesh)
   state_sharding = jax.tree.map(lambda x: x.sharding, state)

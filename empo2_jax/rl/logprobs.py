@@ -21,7 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.parallel.sharding import shard_activation
 
 F32 = jnp.float32
@@ -201,10 +201,10 @@ def response_logprobs(
   through the vocabulary projection. Returns [B, R] (and entropy [B, R]).
   """
   length = tokens_bl.shape[1]
-  hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
+  hidden = llama.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
   h_brd = hidden[:, length - response_len - 1 : length - 1]
   targets_br = tokens_bl[:, length - response_len :]
-  w_dv = qwen2.output_embedding(params, config)
+  w_dv = llama.output_embedding(params, config)
   return token_logprobs(
     h_brd,
     w_dv,

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.rl.logprobs import token_logprobs
 
 
@@ -102,7 +102,7 @@ def packed_response_logprobs(
   (optional): each token's 1/tau, replacing `temperature` (rl/logprobs.token_logprobs).
   """
   length = tokens_bl.shape[1]
-  hidden = qwen2.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
+  hidden = llama.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
   pos = starts_bt[:, :, None] + jnp.arange(response_len)[None, None, :]  # [B, T, R]
   tgt_pos = jnp.clip(pos, 0, length - 1)
   h_pos = jnp.clip(pos - 1, 0, length - 1)
@@ -111,7 +111,7 @@ def packed_response_logprobs(
   targets = tokens_bl[b_idx, tgt_pos]
   return token_logprobs(
     h_btrd,
-    qwen2.output_embedding(params, config),
+    llama.output_embedding(params, config),
     targets,
     temperature=temperature,
     chunk_size=chunk_size,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.parallel import aot
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.sampling import kernels
@@ -24,11 +24,11 @@ ACTION_TOKENS = 32
 def _abstract(config, mesh, req):
   settings = SamplerSettings()
   params = shd.abstract_on_mesh(
-    jax.eval_shape(lambda: qwen2.init_params(config, jax.random.key(0))), mesh
+    jax.eval_shape(lambda: llama.init_params(config, jax.random.key(0))), mesh
   )
   rows = shd.batch_sharding(mesh)
   kv = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, shd.BATCH_AXES))
-  shape = qwen2.cache_shape(config, req.batch, req.seq)
+  shape = llama.cache_shape(config, req.batch, req.seq)
   dt = jnp.dtype(settings.cache_dtype)
   cache = {
     "k": jax.ShapeDtypeStruct(shape, dt, sharding=kv),

@@ -19,8 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import LlamaConfig
 
 MODES = ("greedy", "sample", "filter")  # filter = sample with top-k and/or top-p
 
@@ -71,13 +71,13 @@ def choose(logits_bv: jax.Array, keys_b: jax.Array, step, temperature, top_p, to
   return tok.astype(jnp.int32), lp
 
 
-def logits_from_hidden(params, config: Qwen2Config, hidden_bd: jax.Array) -> jax.Array:
-  w = qwen2.output_embedding(params, config).astype(config.jnp_compute_dtype)
+def logits_from_hidden(params, config: LlamaConfig, hidden_bd: jax.Array) -> jax.Array:
+  w = llama.output_embedding(params, config).astype(config.jnp_compute_dtype)
   return jnp.einsum("bd,dv->bv", hidden_bd.astype(config.jnp_compute_dtype), w).astype(jnp.float32)
 
 
 def prefill_chunk(
-  params, config: Qwen2Config, cache, hidden_bd, tokens_bc, mask_bc, start_b, end_b, rows=None
+  params, config: LlamaConfig, cache, hidden_bd, tokens_bc, mask_bc, start_b, end_b, rows=None
 ):
   """Write one right-padded chunk of new tokens at slots start_b.. of each row.
 
@@ -89,7 +89,7 @@ def prefill_chunk(
   """
   c = tokens_bc.shape[1]
   positions = start_b[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
-  hidden, cache = qwen2.forward(
+  hidden, cache = llama.forward(
     params,
     config,
     tokens_bc,
@@ -106,7 +106,7 @@ def prefill_chunk(
 
 def decode(
   params,
-  config: Qwen2Config,
+  config: LlamaConfig,
   cache,
   hidden_bd,
   length_b,
@@ -148,7 +148,7 @@ def decode(
   def body(carry):
     step, cache, tok, done, length, count, out_tok, out_lp = carry
     feed = ~done
-    logits, cache = qwen2.forward(
+    logits, cache = llama.forward(
       params,
       config,
       tok[:, None],

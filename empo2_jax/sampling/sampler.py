@@ -36,8 +36,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import qwen2
-from empo2_jax.model.configs import DTYPES, Qwen2Config
+from empo2_jax.model import llama
+from empo2_jax.model.configs import DTYPES, LlamaConfig
 from empo2_jax.sampling import kernels
 
 
@@ -114,7 +114,7 @@ class Engine:
 
   def __init__(
     self,
-    config: Qwen2Config,
+    config: LlamaConfig,
     settings: SamplerSettings = SamplerSettings(),
     mesh: Optional[jax.sharding.Mesh] = None,
   ):
@@ -203,7 +203,7 @@ class Engine:
       raise ValueError(
         f"batch {batch} is not divisible by the mesh's data*fsdp size {self.batch_multiple()}"
       )
-    cache = qwen2.init_cache(self.config, batch, length, DTYPES[self.settings.cache_dtype])
+    cache = llama.init_cache(self.config, batch, length, DTYPES[self.settings.cache_dtype])
     return {
       "k": self._rows(cache["k"], 1),
       "v": self._rows(cache["v"], 1),
@@ -329,7 +329,7 @@ class Engine:
 
 
 def get_engine(
-  config: Qwen2Config,
+  config: LlamaConfig,
   settings: SamplerSettings = SamplerSettings(),
   mesh: Optional[jax.sharding.Mesh] = None,
 ) -> Engine:
@@ -345,7 +345,7 @@ def _engine(config, settings, mesh) -> Engine:
 
 def generate(
   params,
-  config: Qwen2Config,
+  config: LlamaConfig,
   prompts: Sequence[Sequence[int]],
   *,
   max_new_tokens: int,

@@ -44,7 +44,7 @@ import numpy as np
 
 import jax
 
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.sampling.sampler import Engine, SamplerSettings, get_engine, row_keys
 
 
@@ -79,7 +79,7 @@ class Session:
   def __init__(
     self,
     params,
-    config: Qwen2Config,
+    config: LlamaConfig,
     *,
     num_rows: int,
     max_tokens: int,

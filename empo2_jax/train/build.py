@@ -6,7 +6,7 @@ import jax
 
 from empo2_jax.agent.episode import MEMORY_KEY_TEXTS, TIP_CHATS
 from empo2_jax.model import configs as model_configs
-from empo2_jax.model import hf, qwen2
+from empo2_jax.model import hf, llama
 
 MODES = ("", "on", "on_tips", "off")
 
@@ -187,7 +187,7 @@ def policy(c):
     config, params = hf.load_checkpoint(checkpoint_path(c), dtype=c.model.param_dtype, **overrides)
   else:
     config = model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype, **overrides)
-    params = qwen2.init_params(config, jax.random.PRNGKey(c.seed))
+    params = llama.init_params(config, jax.random.PRNGKey(c.seed))
   return config, jax.tree.map(jax.numpy.asarray, params)
 
 

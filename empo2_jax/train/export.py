@@ -92,7 +92,7 @@ def restore(directory: epath.Path, step: Optional[int] = None) -> tuple[int, dic
 
 
 def model_config(c):
-  """The Qwen2Config of a run's config without reading any weights."""
+  """The LlamaConfig of a run's config without reading any weights."""
   from empo2_jax.model import configs as model_configs
   from empo2_jax.model import hf
   from empo2_jax.train import build
@@ -107,7 +107,7 @@ def model_config(c):
       names, meta = [t.name for t in reader.tensors], gguf.metadata(reader)
     return gguf.config_from_metadata(meta, names, param_dtype=c.model.param_dtype)
   text = (epath.Path(path) / "config.json").read_text()
-  return model_configs.Qwen2Config.from_hf_dict(json.loads(text), param_dtype=c.model.param_dtype)
+  return model_configs.LlamaConfig.from_hf_dict(json.loads(text), param_dtype=c.model.param_dtype)
 
 
 def export_run(workdir: str, out: str, step: Optional[int] = None) -> dict:

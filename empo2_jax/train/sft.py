@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from empo2_jax.agent import prompts
-from empo2_jax.model import qwen2
+from empo2_jax.model import llama
 from empo2_jax.model.chat import chat_ids
 from empo2_jax.model.tokenizer import stop_ids
 from empo2_jax.rl.logprobs import token_logprobs
@@ -132,8 +132,8 @@ def pad_rows(rows: Sequence[PackedRow], pad_id: int, bucket: int = 128) -> dict:
 def answer_nll(params, model_config, tokens_bl, attn_bl, loss_mask_bl, vocab_chunk: int = 8192):
   """(sum of -log p over answer tokens, number of answer tokens). Position t-1 predicts token t;
   token t is scored where loss_mask[t] = 1. The vocabulary projection is chunked (rl/logprobs)."""
-  hidden = qwen2.forward(params, model_config, tokens_bl, attn_bl, return_hidden=True)
-  w_dv = qwen2.output_embedding(params, model_config)
+  hidden = llama.forward(params, model_config, tokens_bl, attn_bl, return_hidden=True)
+  w_dv = llama.output_embedding(params, model_config)
   logp = token_logprobs(hidden[:, :-1], w_dv, tokens_bl[:, 1:], chunk_size=vocab_chunk)
   weight = loss_mask_bl[:, 1:].astype(jnp.float32)
   return -jnp.sum(jnp.where(weight > 0, logp, 0.0)), jnp.sum(weight)

@@ -226,7 +226,7 @@ class Trainer:
       log.warning("SIGTERM on another host: checkpointing after iteration %d", self.iteration)
     return stop
 
-  def _rows_for_iteration(self) -> list[int]:
+  def rows_for_iteration(self) -> list[int]:
     """rows_per_iter train rows, walking a per-epoch permutation of the training rows."""
     n, out = len(self.train_rows), []
     for _ in range(self.config.rollout.rows_per_iter):
@@ -236,7 +236,7 @@ class Trainer:
       self.row_cursor += 1
     return out
 
-  def _sampling_params(self):
+  def sampling_params(self):
     """The policy weights for the actor's sampler (multi-host: a copy on this host's devices)."""
     return hosts.sampling_params(self.state.params, self.actor.mesh)
 
@@ -271,11 +271,11 @@ class Trainer:
     timing = {}
 
     t0 = time.perf_counter()
-    rows = self._rows_for_iteration()
+    rows = self.rows_for_iteration()
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
     # Multi-host: every host steps its share of the episodes; all get every episode back.
     episodes = self.actor.rollout(
-      self._sampling_params(),
+      self.sampling_params(),
       self.model_config,
       specs,
       use_memory=use_memory,
@@ -442,7 +442,7 @@ class Trainer:
     # many test variations never needs more sampler memory (KV cache) than training does. The
     # first part draws with `rng` itself: an evaluation that fits in one part is unchanged.
     size = c.train.eval_batch or c.rollout.rows_per_iter * c.rollout.group_size
-    params = self._sampling_params()  # multi-host: one copy for every part
+    params = self.sampling_params()  # multi-host: one copy for every part
     episodes = []
     for k, start in enumerate(range(0, len(specs), size)):
       part = slice(start, start + size)

@@ -1,7 +1,7 @@
 """Llama-family decoder (Llama, SmolLM2, Qwen2/Qwen2.5) as pure functions over a params pytree.
 
-Qwen2 is Llama plus biases on the q/k/v projections; `config.attention_bias` selects them. The
-module keeps its historical name. Params (layers stacked on a leading axis L so they can be scanned
+Qwen2 is Llama plus biases on the q/k/v projections (`LlamaConfig.attention_bias`), so one module
+and one config class serve both. Params (layers stacked on a leading axis L so they can be scanned
 and sharded by regex):
 
   embed        [V, D]
@@ -12,11 +12,9 @@ and sharded by regex):
   lm_head      [D, V]   (absent when tie_word_embeddings: the embedding is reused)
 
 Numerics follow Hugging Face's Llama/Qwen2: RMSNorm statistics in float32, the normalised value
-cast back
-to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit
-positions;
-softmax in float32; Llama 3 frequency scaling (config.rope_scaling) applied to the float32
-inverse frequencies as transformers does.
+cast back to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit
+positions; softmax in float32; Llama 3 frequency scaling (config.rope_scaling) applied to the
+float32 inverse frequencies as transformers does.
 
 KV cache (for the sampler): a dict with k, v [L, B, K, S, hd] and mask [B, S] (1 where a slot holds
 a real token). `forward(..., cache=cache, cache_index=idx)` writes the new tokens' keys/values into
@@ -36,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.model.attention import flash_attention
-from empo2_jax.model.configs import Qwen2Config
+from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.parallel.sharding import BATCH_AXES, shard_activation
 
 Params = dict[str, Any]
@@ -48,7 +46,7 @@ NEG_INF = -1e30
 # ---------------------------------------------------------------------------------------------
 
 
-def param_shapes(config: Qwen2Config) -> Params:
+def param_shapes(config: LlamaConfig) -> Params:
   """Shapes of every parameter (the single source for init, loading and sharding)."""
   c = config
   L, D, F, V = c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size
@@ -72,7 +70,7 @@ def param_shapes(config: Qwen2Config) -> Params:
   return shapes
 
 
-def init_params(config: Qwen2Config, rng: jax.Array, std: float = 0.02) -> Params:
+def init_params(config: LlamaConfig, rng: jax.Array, std: float = 0.02) -> Params:
   """Random init (normal(std) matrices, zero biases, unit norms) in `config.param_dtype`."""
   shapes = param_shapes(config)
   flat, treedef = jax.tree_util.tree_flatten_with_path(
@@ -92,12 +90,12 @@ def init_params(config: Qwen2Config, rng: jax.Array, std: float = 0.02) -> Param
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def cache_shape(config: Qwen2Config, batch: int, length: int) -> tuple[int, ...]:
+def cache_shape(config: LlamaConfig, batch: int, length: int) -> tuple[int, ...]:
   """Shape of the cache's k and v: [L, B, K, S, hd]."""
   return (config.num_layers, batch, config.num_kv_heads, length, config.head_dim)
 
 
-def init_cache(config: Qwen2Config, batch: int, length: int, dtype=jnp.bfloat16) -> Params:
+def init_cache(config: LlamaConfig, batch: int, length: int, dtype=jnp.bfloat16) -> Params:
   shape = cache_shape(config, batch, length)
   return {
     "k": jnp.zeros(shape, dtype),
@@ -118,7 +116,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return weight.astype(x.dtype) * normed
 
 
-def rope_inv_freq(config: Qwen2Config) -> jax.Array:
+def rope_inv_freq(config: LlamaConfig) -> jax.Array:
   """RoPE inverse frequencies [hd/2] in float32, with Llama 3 scaling when configured."""
   hd = config.head_dim
   inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
@@ -254,7 +252,7 @@ def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd).astype(dtype)
 
 
-def decoder_layer(config: Qwen2Config, x, layer, cos, sin, attend):
+def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
   """One pre-norm decoder block. `attend(q, k, v) -> (out [B, T, H*hd], aux)` does the attention
   (and any cache write); returns (x, aux)."""
   c, dt = config, config.jnp_compute_dtype
@@ -295,7 +293,7 @@ def _remat(fn, policy: str):
   return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
-def output_embedding(params: Params, config: Qwen2Config) -> jax.Array:
+def output_embedding(params: Params, config: LlamaConfig) -> jax.Array:
   """[D, V] matrix that maps final hidden states to logits."""
   if config.tie_word_embeddings:
     return params["embed"].T
@@ -309,7 +307,7 @@ def output_embedding(params: Params, config: Qwen2Config) -> jax.Array:
 
 def forward(
   params: Params,
-  config: Qwen2Config,
+  config: LlamaConfig,
   tokens: jax.Array,
   attention_mask: jax.Array,
   *,
