@@ -1,5 +1,5 @@
-"""Retrospex (METHODS.md 3): train an offline IQL critic on saved episodes, then act with the LLM's
-candidates re-scored by it.
+"""Retrospex (docs/methods.md §3): train an offline IQL critic on saved episodes, then act with
+the LLM's candidates re-scored by it.
 
   python launch/retrospex.py train --config=configs/sciworld.py:cpu --workdir=runs/retrospex \
       --episodes=runs/naive_train,runs/grpo          # runs saved with train.save_episodes=True

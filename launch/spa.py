@@ -1,4 +1,4 @@
-"""SPA (METHODS.md §7; empo2_jax/explore/spa.py): self-play world-model data from the current
+"""SPA (docs/methods.md §7; empo2_jax/explore/spa.py): self-play world-model data from the current
 policy, SFT on it, then RL from the SFT checkpoint with Pass@1 / Pass@k in the evaluations.
 
   python launch/spa.py --config=configs/frozenlake.py:cpu --workdir=runs/spa

@@ -1,4 +1,4 @@
-"""Reflexion (Shinn et al. 2023; METHODS.md 2) as a baseline: no weight updates; on each test
+"""Reflexion (Shinn et al. 2023; docs/methods.md §2) as a baseline: no weight updates; on each test
 variation, K trials in sequence; after a failed trial the policy writes a short plan (a
 "reflection"); the last N reflections open the next trial's first prompt.
 

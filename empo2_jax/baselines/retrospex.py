@@ -1,4 +1,4 @@
-"""Retrospex's dynamic action re-scoring (METHODS.md 3.2 item 5): the LLM proposes candidate
+"""Retrospex's dynamic action re-scoring (docs/methods.md §3.2 item 5): the LLM proposes candidate
 actions, an offline critic (baselines/retrospex_iql.py) re-scores them.
 
     cands = candidates(texts, logps, k)              # K samples -> distinct, top-k by log-prob

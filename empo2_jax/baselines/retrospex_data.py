@@ -1,4 +1,4 @@
-"""Retrospex's offline data (METHODS.md 3.2): transitions from saved episodes, a SentencePiece
+"""Retrospex's offline data (docs/methods.md §3.2): transitions from saved episodes, a SentencePiece
 unigram tokenizer trained on their text, and padded token arrays for the critic.
 
     records = read_records([".../episodes/tfds/empo2_episodes/1.0.0", ...])  # data/trajectories

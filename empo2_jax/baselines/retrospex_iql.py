@@ -1,4 +1,5 @@
-"""Retrospex's offline critic (METHODS.md 3.2 item 4): text encoders in Flax and IQL with optax.
+"""Retrospex's offline critic (docs/methods.md §3.2 item 4): text encoders in Flax and IQL with
+optax.
 
 Networks (DRRN style): token ids -> Embed(vocab, 64) shared by the network's fields -> one GRU
 (hidden 128) per text field, last hidden state -> concat -> Dense(128) -> ReLU -> Dense(1).

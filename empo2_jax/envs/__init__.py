@@ -1,6 +1,6 @@
 """empo2_jax.envs: the agent's environments behind one registry (`registry.get_suite(name)`):
-ScienceWorld (docs/method.md §7), FrozenLake and Sokoban (METHODS.md 7.5), and those registered
-later.
+ScienceWorld (docs/method.md §7), FrozenLake and Sokoban (docs/methods.md §7.5), and those
+registered later.
 
 Import the submodules directly (`empo2_jax.envs.registry`, `.scienceworld`, `.pool`, `.fewshot`,
 `.actions`, `.base`, `.puzzles`, `.frozenlake`, `.sokoban`); this package does not import them

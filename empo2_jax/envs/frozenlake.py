@@ -1,4 +1,5 @@
-"""FrozenLake (gymnasium's FrozenLakeEnv) as RAGEN/SPA run it (METHODS.md 7.5), a puzzle TextEnv.
+"""FrozenLake (gymnasium's FrozenLakeEnv) as RAGEN/SPA run it (docs/methods.md §7.5), a puzzle
+TextEnv.
 
 The dynamics are gymnasium's own `FrozenLakeEnv(desc=map, is_slippery=...)`, reset with the
 variation's seed (so a slippery episode, and its replay after a worker crash, draws the same
@@ -16,7 +17,7 @@ goal; the start tile shows as frozen. Actions: Left, Down, Right, Up (gymnasium'
 on reaching the goal, else 0; the episode ends in a hole or on the goal; success = on the goal.
 The coordinates line of render="text_with_coordinates" ("Player (P) is at (r,c); goal (G) is at
 (r,c); holes (O) are at (r,c), ...", zero-indexed (row, col)) is our proposal: RAGEN's render
-function for it was not found (METHODS.md 7.5).
+function for it was not found (docs/methods.md §7.5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Grid puzzles (FrozenLake, Sokoban) as TextEnvs, run as RAGEN/SPA run them (METHODS.md 7.5).
+"""Grid puzzles (FrozenLake, Sokoban) as TextEnvs, run as RAGEN/SPA run them (docs/methods.md §7.5).
 
 One variation is one generated map: its seed. Train, dev and test variations are disjoint seed
 ranges (TRAIN_SEEDS, DEV_SEEDS, TEST_SEEDS); the rows of a split are its first `num_*_rows` seeds.
@@ -51,7 +51,7 @@ _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
 
 @dataclasses.dataclass(frozen=True)
 class PuzzleConfig:
-  """What FrozenLake and Sokoban share; defaults are RAGEN's/SPA's (METHODS.md 7.4-7.5)."""
+  """What FrozenLake and Sokoban share; defaults are RAGEN's/SPA's (docs/methods.md §7.4-7.5)."""
 
   render: str = "text"  # "text" or "text_with_coordinates" (SPA's)
   max_turns: int = 5  # model answers per episode

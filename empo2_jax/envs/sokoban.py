@@ -1,4 +1,5 @@
-"""Sokoban as RAGEN/SPA run it (SimpleSokoban: 6x6, one box; METHODS.md 7.5), a puzzle TextEnv.
+"""Sokoban as RAGEN/SPA run it (SimpleSokoban: 6x6, one box; docs/methods.md §7.5), a puzzle
+TextEnv.
 
 Room generation is our own port of gym-sokoban's `generate_room` as RAGEN uses it, not the
 package: gym-sokoban 0.0.6 (its last PyPI release, 2019) needs the unmaintained `gym` 0.26, which
@@ -27,7 +28,7 @@ when every box is on a target (success, the episode ends); the game also ends af
 (100) actions. Text (RAGEN's symbols): # wall, _ floor, O target, X box, √ box on target, P player,
 S player on a target. render="text_with_coordinates" adds "Player (P) is at (r,c); box (X) is at
 (r,c); target (O) is at (r,c)." (zero-indexed (row, col); the format inferred from SPA's examples,
-METHODS.md 7.5).
+docs/methods.md §7.5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The other exploration methods of issue 19, as pieces of the same trainer (METHODS.md §5-8):
+"""The other exploration methods of issue 19, as pieces of the same trainer (docs/methods.md §5-8):
 
   rnd.py   RND intrinsic reward on frozen MiniLM state embeddings ("empo2 + rnd")
   sge.py   strategy-guided exploration: <strategy> spans, mixed strategy temperatures with

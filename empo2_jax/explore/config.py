@@ -1,6 +1,6 @@
 """Config sections of the exploration methods (added to the base config by empo2_jax/defaults.py)
-and their checks. Every default marked [proposed] is a proposal of METHODS.md, not a value found
-in the authors' code.
+and their checks. Every default marked [proposed] is a proposal of docs/methods.md, not a value
+found in the authors' code.
 
   empo2.intrinsic_reward  True / "count": EMPO2's memory reward scale/(n+1) (docs/method.md §3);
                           False / "none": no intrinsic reward; "rnd": RND (explore/rnd.py) in its
@@ -36,7 +36,7 @@ def add_defaults(c) -> None:
   )
   c.sge = dict(
     enabled=False,
-    # [proposed] temperature:share classes of a group's strategy spans (METHODS.md 5.3)
+    # [proposed] temperature:share classes of a group's strategy spans (docs/methods.md §5.3)
     strategy_temperatures="1.0:0.5,1.3:0.25,1.6:0.25",
     # [proposed] the strategy phase's token budget, ADDED to rollout.max_new_tokens
     strategy_max_new_tokens=32,

@@ -1,10 +1,11 @@
-"""HeRL adapted to agents (METHODS.md §6): hindsight guidance from a group's best failed episode.
+"""HeRL adapted to agents (docs/methods.md §6): hindsight guidance from a group's best failed
+episode.
 
 HeRL (`sikelifei/HeRL@c527572`) trains on rubric-graded answers: when no answer of a prompt's
 group is perfect, the policy is shown its best failed answer with the satisfied and unmet
 constraints and asked to revise it; the revision joins the group with an off-policy token weight,
 and the original gets a bonus for how much the revision improved on it. Here (the adaptation is a
-proposal, METHODS.md §6.3's note):
+proposal, docs/methods.md §6.3's note):
 
   candidate   per group with no successful episode, the best failed episode: the highest score,
               ties to the lowest rollout index. [proposed: HeRL rewrites every candidate tied for

@@ -1,8 +1,8 @@
 """Random network distillation (Burda et al. 2018) as EMPO2's intrinsic reward ("empo2 + rnd").
 
 The EMPO2 paper ablates its memory reward r_int = 1/(n+1) against RND; what its RND baseline fed
-the networks is not in the released code (METHODS.md §8.2). This module is the proposal of
-METHODS.md §8.5, every choice marked there as proposed:
+the networks is not in the released code (docs/methods.md §8.2). This module is the proposal of
+docs/methods.md §8.5, every choice marked there as proposed:
 
   state text s_t  = the turn's current observation (Turn.obs_key: what EMPO2's memory keys and
                     GiGPO's anchor states are built from)

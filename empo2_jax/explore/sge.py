@@ -1,6 +1,7 @@
-"""SGE, strategy-guided exploration (Szot et al. 2026; METHODS.md §5), as a method of this trainer.
+"""SGE, strategy-guided exploration (Szot et al. 2026; docs/methods.md §5), as a method of this
+trainer.
 
-No code of the authors was found; everything below is METHODS.md §5.3's proposal (mark it as
+No code of the authors was found; everything below is docs/methods.md §5.3's proposal (mark it as
 such in reports):
 
   format      each turn: "<strategy> one or two sentences </strategy>" then the action. The

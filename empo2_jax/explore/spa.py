@@ -1,4 +1,4 @@
-"""SPA (Chen et al. 2025, `shiqichen17/SPA@3848e68`; METHODS.md §7): self-play world-model SFT,
+"""SPA (Chen et al. 2025, `shiqichen17/SPA@3848e68`; docs/methods.md §7): self-play world-model SFT,
 then RL from that checkpoint, with Pass@1 and Pass@k reported during RL.
 
 Stage A (launch/spa.py) rolls out the CURRENT policy with the world-model answer format requested
@@ -14,7 +14,7 @@ episode into an SFT chat (`episode_chat`): each assistant turn becomes
 as SPA's `convert_to_sft_format_add_worldmodel` replaces the <observation> / <prediction> contents
 with the environment's states (`all_states[i]`, `all_states[i + 1]`). The states are the env's bare
 state renderings (`ResetInfo.state` / `StepInfo.state`: the puzzle grids) or, for environments
-without one (ScienceWorld), the observation text. Choices that are proposals (METHODS.md §7.3):
+without one (ScienceWorld), the observation text. Choices that are proposals (docs/methods.md §7.3):
 
   * the ground-truth state text is KEPT in the targets and trained on (the released
     SFTDataset masks it to <obs_content>/<pred_content>, which matches the paper's "mask the

@@ -15,7 +15,7 @@ command that runs it. Methods that do not update weights run through launch/eval
 Adding a method is ONE call at the bottom of this file (or in the module that implements it, as
 long as this module imports it), e.g.
 
-    register("sge", "Strategy-guided exploration (METHODS.md 5)",
+    register("sge", "Strategy-guided exploration (docs/methods.md §5)",
              overrides={"empo2.p_memory": 0.0, "explore.kind": "sge"})
 
 `overrides` maps dotted config paths to values (every path must exist in the config:
@@ -233,7 +233,7 @@ register(
 )
 register("empo2", "EMPO2: memory-augmented exploration, on- and off-policy updates", label="EMPO2")
 
-# The other exploration methods (issue 19; empo2_jax/explore/, METHODS.md 5-8): GRPO without
+# The other exploration methods (issue 19; empo2_jax/explore/, docs/methods.md §5-8): GRPO without
 # memory plus the method's own piece, except EMPO2 + RND (EMPO2 with RND's reward in place of
 # 1/(n+1)). SPA runs its self-play data collection and SFT first (launch/spa.py); launch/train.py
 # with method=spa runs only its RL stage (from model.checkpoint, e.g. the SFT's hf/ directory).

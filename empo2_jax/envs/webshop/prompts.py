@@ -1,4 +1,4 @@
-"""What the agent sees of WebShop, after verl-agent's wrapper (METHODS.md 1.8), in our words.
+"""What the agent sees of WebShop, after verl-agent's wrapper (docs/methods.md §1.8), in our words.
 
 `agent_observation` turns a page of the original text mode into the agent's view: the page's parts
 after the instruction, each in single quotes, joined with ' [SEP] ' (verl-agent's `format_obs`;
