@@ -52,6 +52,6 @@ def test_round_trip(tok, text):
 
 def test_merges_are_consistent():
   ranks = {b"a": 0, b"b": 1, b"ab": 2, b"abb": 3, b"bb": 4}
-  merges = tk._merges(ranks)
+  merges = tk.bpe_merges(ranks)
   assert merges[0] == (b"a", b"b")
   assert (b"ab", b"b") in merges and (b"b", b"b") not in merges[:1]

