@@ -14,6 +14,7 @@ from empo2_jax.model.tokenizer import load_tokenizer, stop_ids
 from empo2_jax.rl.packing import pack_turns
 from empo2_jax.rl.update import init_train_state, make_optimizer
 from empo2_jax.train import sft
+from tests.numerics import assert_sums_close
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,8 @@ def test_sft_steps_lower_the_answer_loss_and_micro_batches_match_one_batch(tok):
 
 def test_packed_logprobs_and_gradients_equal_the_per_turn_layout():
   """One packed row per episode == one left-padded row per turn (rl/logprobs.response_logprobs),
-  for values and for the gradient of a weighted sum, at 1e-5."""
+  for values (at 1e-5) and for the gradient of a weighted sum (at float32 rounding of a sum over
+  the token positions, tests/numerics.py)."""
   from empo2_jax.rl.logprobs import response_logprobs
   from empo2_jax.rl.packing import packed_response_logprobs
 
@@ -206,5 +208,7 @@ def test_packed_logprobs_and_gradients_equal_the_per_turn_layout():
     np.where(w_turn != 0, lp1, 0), np.where(w_turn != 0, lp2, 0), atol=1e-5
   )
   np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
+  # Each weight's gradient sums over the token positions; the two layouts sum in other orders
+  # (observed: up to ~13 float32 eps of the leaf's largest entry, seeds 0-5).
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    assert_sums_close(a, b, n_terms=tok.size)
