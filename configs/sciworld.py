@@ -16,7 +16,7 @@ from empo2_jax import defaults
 
 
 def get_config(arg=None):
-  flags = ("cpu", "tiny", "learn", "wide", "gpu", "7b", "format")
+  flags = ("cpu", "tiny", "learn", "wide", "gpu", "format")
   args = defaults.parse_args("sciworld", arg, flags, ("task",))
   c = defaults.get_config()
   if "task" in args:

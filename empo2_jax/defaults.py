@@ -9,6 +9,8 @@ this config as a config file.
 
 import ml_collections
 
+from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
+
 
 def get_config(arg=None):
   del arg
@@ -56,8 +58,8 @@ def get_config(arg=None):
     few_shot=2,  # gold example episodes (train variations) in the first prompt
     # hashCode=2 (constant identity hash): the simulator lists objects in hash-set order,
     # which otherwise depends on the JVM's history; with it a reset is reproducible in any
-    # JVM, so a resumed run sees the observations an uninterrupted one sees.
-    java_tool_options="-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2",
+    # JVM, so a resumed run sees the observations an uninterrupted one sees (envs/base.py).
+    java_tool_options=DEFAULT_JAVA_OPTIONS,
   )  # see envs/scienceworld.py
 
   # One iteration: rows_per_iter task rows x group_size rollouts (docs/method.md §1).

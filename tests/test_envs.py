@@ -5,11 +5,10 @@ import dataclasses
 import pytest
 
 from empo2_jax.envs import actions
-from empo2_jax.envs.base import TextEnv
+from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS, TextEnv
 from empo2_jax.envs.fewshot import gold_trajectories, prompt_material, replay_gold
 from empo2_jax.envs.scienceworld import (
   ALL_TASKS,
-  DEFAULT_JAVA_OPTIONS,
   PAPER_TASKS,
   SciWorldConfig,
   SciWorldEnv,

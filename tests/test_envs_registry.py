@@ -35,12 +35,17 @@ def test_bad_task_and_env_fields_are_config_errors():
 
 
 def test_scienceworld_entry():
-  from empo2_jax.envs.scienceworld import ALL_TASKS, DEFAULT_JAVA_OPTIONS, SciWorldConfig
+  from empo2_jax import defaults
+  from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
+  from empo2_jax.envs.scienceworld import ALL_TASKS, SciWorldConfig
 
   suite = registry.get_suite("scienceworld")
   assert suite is registry.get_suite("scienceworld")
   assert suite.tasks == ALL_TASKS and suite.prompts is prompts.SCIENCEWORLD
-  assert pool_lib.DEFAULT_JAVA_OPTIONS == DEFAULT_JAVA_OPTIONS
+  # one definition of the JVM options: the config's, the pool's and ScienceWorld's default
+  assert defaults.get_config().env.java_tool_options == DEFAULT_JAVA_OPTIONS
+  assert pool_lib.PoolConfig().java_tool_options == DEFAULT_JAVA_OPTIONS
+  assert SciWorldConfig().java_tool_options == DEFAULT_JAVA_OPTIONS
   c = sciworld.get_config("cpu")
   cfg = build.env_config(c)
   assert cfg == SciWorldConfig(
@@ -51,10 +56,12 @@ def test_scienceworld_entry():
   assert pickle.loads(pickle.dumps(factory)) == factory  # it travels to spawned workers
   assert factory.max_steps("find-animal") == 4 and factory.tasks == ALL_TASKS
   # EnvPool(SciWorldConfig) still works: it becomes this factory with the pool's JVM options.
-  wrapped = pool_lib._factory(SciWorldConfig(), pool_lib.PoolConfig(java_tool_options="-Xmx1g"))
+  wrapped = pool_lib.worker_factory(
+    SciWorldConfig(), pool_lib.PoolConfig(java_tool_options="-Xmx1g")
+  )
   assert wrapped.config.java_tool_options == "-Xmx1g" and wrapped.name == "sciworld"
   with pytest.raises(TypeError, match="WorkerFactory"):
-    pool_lib._factory(object(), pool_lib.PoolConfig())
+    pool_lib.worker_factory(object(), pool_lib.PoolConfig())
 
 
 def test_register_at_run_time():

@@ -17,18 +17,24 @@ from typing import Literal, NamedTuple, Protocol, Sequence, runtime_checkable
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
+# JVM options of every ScienceWorld process (envs/scienceworld.py), defined here, the one place
+# that the config (empo2_jax/defaults.py), the pool and ScienceWorld all import without py4j. The
+# simulator lists a room's objects in an order that depends on Java identity hash codes, i.e. on
+# what the process did before; hashCode=2 (a constant) makes observations independent of the
+# process's history, which exact resume needs.
+DEFAULT_JAVA_OPTIONS = "-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
+
 
 @dataclasses.dataclass(frozen=True)
 class ResetInfo:
   """What a reset tells besides the first observation. Every environment fills task, variation,
   task_description and max_steps; the fields with defaults are optional (ScienceWorld fills
-  inventory and look; the puzzles fill state)."""
+  inventory; the puzzles fill state)."""
 
   task: str
   variation: int
   task_description: str
   inventory: str = ""  # ScienceWorld: the agent's inventory text
-  look: str = ""  # ScienceWorld: the look-around text of the start room
   max_steps: int = 0  # agent steps (turns) before the episode is cut off
   env_failed: bool = False  # the pool could not start this episode (repeated worker failures)
   state: str = ""  # the bare state rendering where an env has one (puzzle grids; SPA's targets)

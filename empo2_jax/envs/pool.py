@@ -32,6 +32,7 @@ import traceback
 from typing import Any, Sequence
 
 from empo2_jax.envs.base import (
+  DEFAULT_JAVA_OPTIONS,
   ResetInfo,
   ResetResult,
   StepInfo,
@@ -40,10 +41,6 @@ from empo2_jax.envs.base import (
   WorkerFactory,
   check_task,
 )
-
-# ScienceWorld's JVM options (envs/scienceworld.py:DEFAULT_JAVA_OPTIONS; repeated here so that a
-# pool of another env does not import py4j). tests/test_envs_registry.py checks they are equal.
-DEFAULT_JAVA_OPTIONS = "-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +169,7 @@ class EnvPool:
 
   def __init__(self, env_config: Any = None, pool_config: PoolConfig | None = None):
     self.config = pool_config or PoolConfig()
-    self.factory = _factory(env_config, self.config)
+    self.factory = worker_factory(env_config, self.config)
     self._ctx = mp.get_context("spawn")
     self._workers: list[_Worker | None] = [None] * self.config.num_workers
     self._episodes: list[_Episode] = []
@@ -396,7 +393,6 @@ class EnvPool:
       variation=ep.variation,
       task_description="",
       inventory="",
-      look="",
       max_steps=self.factory.max_steps(ep.task),
       env_failed=True,
     )
@@ -422,7 +418,7 @@ class EnvPool:
       raise RuntimeError("This EnvPool is closed; create a new one.")
 
 
-def _factory(env_config: Any, pool_config: PoolConfig) -> WorkerFactory:
+def worker_factory(env_config: Any, pool_config: PoolConfig) -> WorkerFactory:
   """The worker factory of `env_config`: a WorkerFactory as it is; a SciWorldConfig (or None,
   ScienceWorld's defaults) becomes ScienceWorld's, with the pool's JVM options."""
   if isinstance(env_config, WorkerFactory):

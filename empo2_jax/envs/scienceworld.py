@@ -18,8 +18,9 @@ the agent never sees the list and no turn is lost. `executed_action` is then opt
 One JVM can host many episodes: every `SciWorldEnv` owns a `PythonInterface` of its own, and several
 envs may share one `ScienceWorldJvm` (the process pool does this). The simulator orders a room's
 objects by Java identity hash codes, so without care the same variation reads differently in
-processes with different histories; DEFAULT_JAVA_OPTIONS pins the hash (-XX:hashCode=2) so that
-observations do not depend on what the JVM ran before (needed for exact resume).
+processes with different histories; DEFAULT_JAVA_OPTIONS (envs/base.py) pins the hash
+(-XX:hashCode=2) so that observations do not depend on what the JVM ran before (needed for exact
+resume).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from scienceworld.constants import BASEPATH, JAR_PATH
 
 from empo2_jax.envs import actions
 from empo2_jax.envs.base import (
+  DEFAULT_JAVA_OPTIONS,
   ResetInfo,
   ResetResult,
   Split,
@@ -100,11 +102,6 @@ PAPER_TASKS: tuple[str, ...] = (
   "measure-melting-point-known-substance",
   "use-thermometer",
 )
-
-# JVM options of every ScienceWorld process. The simulator lists a room's objects in an order that
-# depends on Java identity hash codes, i.e. on what the process did before; hashCode=2 (a constant)
-# makes observations independent of the process's history, which exact resume needs.
-DEFAULT_JAVA_OPTIONS = "-Xmx512m -XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
 
 FAILURE_SCORE = -100  # what the simulator reports when the task is failed (e.g. wrong focus)
 
@@ -294,7 +291,6 @@ class SciWorldEnv:
       variation=variation,
       task_description=str(server.getTaskDescription()),
       inventory=self.inventory(),
-      look=self.look(),
       max_steps=self.config.max_steps(task),
     )
     return ResetResult(observation, info)
@@ -385,16 +381,6 @@ class SciWorldEnv:
 
   def inventory(self) -> str:
     return str(self._server.freeActionInventory())
-
-  def look(self) -> str:
-    return str(self._server.freeActionLook())
-
-  def task_description(self) -> str:
-    return str(self._server.getTaskDescription())
-
-  @property
-  def jvm_pid(self) -> int:
-    return self._jvm.pid
 
   def close(self) -> None:
     if self._owns_jvm:

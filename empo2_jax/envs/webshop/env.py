@@ -192,7 +192,6 @@ class WebShopEnv:
       variation=variation,
       task_description=g["instruction_text"],
       inventory="",
-      look="",
       max_steps=self.config.max_steps,
       goal=dict(g),
       has_search_bar=True,
