@@ -138,7 +138,7 @@ class Empo2Episodes(tfds.core.GeneratorBasedBuilder):
       builder=self,
       description="EMPO2 training episodes (empo2_jax.data.trajectories).",
       features=_features(),
-      homepage="https://arxiv.org/abs/2510.23463",
+      homepage="https://arxiv.org/abs/2602.23008",  # EMPO2 (docs/method.md)
     )
 
   def _split_generators(self, dl_manager):
