@@ -25,10 +25,10 @@ def make_hf_checkpoint(
 ):
   """Save a random-init transformers Qwen2ForCausalLM (fp32) to `path`; returns the torch model."""
   import torch
-  from transformers import LlamaConfig, Qwen2ForCausalLM
+  from transformers import Qwen2Config, Qwen2ForCausalLM
 
   torch.manual_seed(seed)
-  cfg = LlamaConfig(
+  cfg = Qwen2Config(
     vocab_size=vocab,
     hidden_size=hidden,
     intermediate_size=inter,
