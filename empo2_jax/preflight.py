@@ -161,7 +161,7 @@ def _check_hf_dir(path: str) -> None:
       cfg_file,
       "use the model's original config.json (a Llama or Qwen2 causal LM)",
     )
-  from empo2_jax.model.safetensors_io import _header_problem
+  from empo2_jax.model.safetensors_io import header_problem
 
   files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
   if not files:
@@ -172,7 +172,7 @@ def _check_hf_dir(path: str) -> None:
     )
   for name in files:
     file = os.path.join(path, name)
-    problem = _header_problem(file)
+    problem = header_problem(file)
     if problem:
       raise UserError(
         f"bad safetensors file: {problem}", file, "re-download or re-export the checkpoint"

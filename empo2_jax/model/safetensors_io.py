@@ -75,7 +75,7 @@ class CheckpointError(ValueError):
   the tensor where there is one, and what to do. (Re-exported by empo2_jax.model.hf.)"""
 
 
-def _header_problem(path: str) -> str:
+def header_problem(path: str) -> str:
   """What is wrong with the header of `path`, naming the tensor at fault where there is one;
   '' when these checks find nothing (the package's message then stands alone)."""
   size = os.path.getsize(path)
@@ -141,7 +141,7 @@ def _open(path: str):
     return safe_open(path, framework="numpy")
   except (SafetensorError, OSError, ValueError, OverflowError) as e:
     try:
-      problem = _header_problem(path)
+      problem = header_problem(path)
     except OSError:
       problem = ""
     detail = f"{problem} [{e}]" if problem else str(e)
