@@ -24,12 +24,14 @@ import os
 import sys
 from typing import Callable, Iterable, NoReturn, Optional
 
+from empo2_jax.errors import UserError
+
 EXIT_USER = 2
 
 # Exception classes (by module and name) that are the user's to fix. They are looked up in
 # sys.modules when an exception arrives, so this module imports none of them (no JAX here).
 _USER_ERRORS = (
-  ("empo2_jax.cli", "UserError"),
+  ("empo2_jax.errors", "UserError"),
   ("empo2_jax.model.safetensors_io", "CheckpointError"),
   ("empo2_jax.train.build", "ConfigError"),
   ("empo2_jax.train.methods", "UnknownMethod"),
@@ -38,17 +40,6 @@ _USER_ERRORS = (
   ("builtins", "IsADirectoryError"),
   ("google.auth.exceptions", "DefaultCredentialsError"),  # gs:// without credentials
 )
-
-
-class UserError(Exception):
-  """What went wrong, where (a file, a directory or a config key) and what to do about it."""
-
-  def __init__(self, what: str, where: str, todo: str):
-    super().__init__(what, where, todo)
-    self.what, self.where, self.todo = what, where, todo
-
-  def __str__(self) -> str:
-    return f"{self.what} ({self.where}): {self.todo}"
 
 
 def debug_requested(argv: Optional[Iterable[str]] = None) -> bool:

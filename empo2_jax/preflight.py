@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from empo2_jax.cli import UserError
+from empo2_jax.errors import UserError
 from empo2_jax.remote import check as check_remote
 from empo2_jax.remote import is_remote
 

@@ -53,7 +53,7 @@ def absolute(path) -> str:
 def check(path) -> None:
   """cli.UserError when `path` is gs:// and gcsfs is not installed."""
   if str(path).startswith("gs://") and importlib.util.find_spec("gcsfs") is None:
-    from empo2_jax.cli import UserError
+    from empo2_jax.errors import UserError
 
     raise UserError("gs:// paths need the gcsfs package, which is not installed", path, GCS_HINT)
 

@@ -154,7 +154,7 @@ def test_orbax_checkpoint_and_export_on_gcs(gcs, tmpdir_watch):
 
 def test_a_missing_remote_model_is_a_user_error(gcs):
   from empo2_jax import preflight
-  from empo2_jax.cli import UserError
+  from empo2_jax.errors import UserError
 
   with pytest.raises(UserError, match="does not exist"):
     preflight.check_model_path(f"{gcs}/no-such-model")

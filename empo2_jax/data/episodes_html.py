@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 
 from etils import epath
 
-from empo2_jax.cli import UserError
+from empo2_jax.errors import UserError
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1em 2em; color: #222; background: #fafafa; }

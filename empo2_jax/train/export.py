@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 
 from empo2_jax import remote
-from empo2_jax.cli import UserError
+from empo2_jax.errors import UserError
 
 KINDS = {"rl": "checkpoints", "sft": "sft/checkpoints"}
 
