@@ -45,7 +45,7 @@ def test_key_keeps_task_and_current_observation_within_window(encoder):
       f"observation: You are in room number {t} with a table and a lamp.",
       f"action: go to room {t + 1}",
     ]
-  key = actor._key(ep, "A green frog sits beside the pond.")
+  key = actor.key_text(ep, "A green frog sits beside the pond.")
   assert key.startswith("task: Your task is to find a(n) animal.")
   assert key.endswith("observation: A green frog sits beside the pond.")
   assert "room number 59" in key and "room number 0 " not in key
@@ -100,8 +100,8 @@ def test_chat_key_is_what_the_encoder_sees_of_the_whole_chat(encoder):
       {"role": "assistant", "content": f"go to room {t + 1}"},
     ]
   full = "\n".join(f"{m['role']}: {m['content']}" for m in ep.messages[1:])
-  full += "\nuser: " + actor._user_message(ep, "A frog.")
-  key = actor._key(ep, "A frog.")
+  full += "\nuser: " + actor.user_message(ep, "A frog.")
+  key = actor.key_text(ep, "A frog.")
   assert key.startswith("user: Observation: room 0 has a lamp") and "SYSTEM" not in key
   assert full.startswith(key) and len(key) < len(full) and "A frog." not in key
   assert "assistant: go to room 1\n" in key
@@ -110,7 +110,7 @@ def test_chat_key_is_what_the_encoder_sees_of_the_whole_chat(encoder):
   assert len(encoder.tokenizer.encode(key).ids) == encoder.cfg.max_seq_length
   # at the end ("final" keys): the whole chat, no pending user message
   ep.messages = ep.messages[:3]
-  assert actor._key(ep, None) == (
+  assert actor.key_text(ep, None) == (
     "user: Observation: room 0 has a lamp and a table.\nassistant: go to room 1"
   )
 
@@ -118,7 +118,7 @@ def test_chat_key_is_what_the_encoder_sees_of_the_whole_chat(encoder):
 def test_chat_key_first_step_uses_the_tip_free_first_message(encoder):
   actor = _chat_actor(encoder)
   ep = Episode(TASK, 1, 0, 0, "on", True)
-  key = actor._key(ep, "You are in the kitchen.")
+  key = actor.key_text(ep, "You are in the kitchen.")
   assert key == "user: " + prompts.first_user_message(_material(), "You are in the kitchen.")
   assert prompts.TIP_OPEN not in key
 

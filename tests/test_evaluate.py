@@ -32,6 +32,8 @@ def _fake_trainer(test_rows, repeats, eval_batch, rows_per_iter=2, group_size=2)
   import jax
   from configs import sciworld
 
+  from empo2_jax.agent.actor import Rollout
+
   c = sciworld.get_config("tiny")
   c.train.eval_repeats, c.train.eval_batch = repeats, eval_batch
   c.rollout.rows_per_iter, c.rollout.group_size = rows_per_iter, group_size
@@ -40,7 +42,7 @@ def _fake_trainer(test_rows, repeats, eval_batch, rows_per_iter=2, group_size=2)
   def rollout(params, model_config, specs, *, rng, notes, **kw):
     assert params == ("params", 1)  # the one copy of the weights, for every part
     calls.append((list(specs), np.asarray(jax.random.key_data(rng)), kw))
-    return [types.SimpleNamespace(spec=s) for s in specs]
+    return Rollout([types.SimpleNamespace(spec=s) for s in specs], {})
 
   fake = types.SimpleNamespace(
     config=c,
@@ -70,7 +72,7 @@ def test_evaluation_samples_at_most_eval_batch_episodes_at_once():
   ]
   for (_, got, kw), key in zip(calls, keys):
     np.testing.assert_array_equal(got, np.asarray(key))
-    assert kw["mode"] == "eval" and kw["use_memory"] is False and kw["reflect"] is False
+    assert kw["mode"] == "eval" and kw["use_memory"] is False
   assert len({bytes(got) for _, got, _ in calls}) == 3  # each part draws its own keys
 
   # 0: a training rollout's rows x group (2 x 2); an evaluation that fits is one call with the

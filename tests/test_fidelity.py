@@ -14,7 +14,7 @@ import jax
 
 from configs import sciworld
 from empo2_jax.agent import prompts
-from empo2_jax.agent.actor import Memory
+from empo2_jax.agent.actor import Memory, Rollout
 from empo2_jax.agent.memory import chat_key
 from empo2_jax.baselines import adapt as adapt_lib
 from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
@@ -167,7 +167,7 @@ def test_training_variation_without_a_slot_retrieves_nothing_and_gets_r_int_1(en
     rng=jax.random.PRNGKey(0),
     mode="on_tips",
     memory_fallback=fallback,
-  )
+  ).episodes
   own, unseen = episodes
   assert own.retrieved == [3, 3]
   np.testing.assert_allclose([t.intrinsic for t in own.turns], [0.25, 0.25])
@@ -184,11 +184,13 @@ class _RecordingActor:
   def __init__(self):
     self.calls = []
     self.memory = types.SimpleNamespace(store=[])
-    self.last_stats = {"retrieved": 0, "memory_steps": 0}
 
   def rollout(self, *args, **kwargs):
     self.calls.append(kwargs)
-    return []
+    return Rollout([], {"retrieved": 0, "memory_steps": 0})
+
+  def reflect(self, rollout, iteration):
+    return {}
 
 
 @pytest.mark.parametrize("switch,expected", [("task", True), ("none", False)])
@@ -208,7 +210,7 @@ def test_evaluation_with_memory_falls_back_only_when_the_switch_says_so(switch, 
   )
   Trainer.eval_episodes(fake, with_memory=True)
   assert [k["memory_fallback"] for k in actor.calls] == [expected]
-  assert actor.calls[0]["use_memory"] is True and actor.calls[0]["reflect"] is False
+  assert actor.calls[0]["use_memory"] is True
 
 
 @pytest.mark.parametrize("fallback", [True, False])

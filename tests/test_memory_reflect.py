@@ -1,22 +1,10 @@
-"""Reflection tips, stored text, batched reflect/commit, and the intrinsic reward."""
+"""Reflection tips, stored text, the memory writes of an episode, and the intrinsic reward."""
 
 import numpy as np
 import pytest
 
 from empo2_jax.memory import reflect as R
 from empo2_jax.memory.rewards import intrinsic_reward
-from empo2_jax.memory.store import MemoryStore
-
-
-def episode(slot=("boil", 0), score=35.0, n=2):
-  msgs = [{"role": "system", "content": "You are an agent."}]
-  actions = []
-  for t in range(n):
-    msgs.append({"role": "user", "content": f"obs {t}"})
-    msgs.append({"role": "assistant", "content": f"raw act {t}"})
-    actions.append(f"act {t}")
-  msgs.append({"role": "user", "content": "final obs"})
-  return R.ReflectEpisode(slot=slot, messages=msgs, actions=actions, score=score)
 
 
 def test_clean_tip_one_line_no_markup_word_limit():
@@ -41,61 +29,16 @@ def test_memory_text_format():
   assert R.memory_text("t", "a", 33.5).endswith("score 33.5/100.")
 
 
-def test_key_text_and_step_keys():
-  ep = episode()
-  assert R.key_text(ep.messages[:2]) == "user: obs 0"
-  keys = R.step_keys(ep.messages, 2, "step")
-  assert keys == ["user: obs 0", "user: obs 0\nassistant: raw act 0\nuser: obs 1"]
-  final = R.step_keys(ep.messages, 2, "final")
-  assert final == [R.key_text(ep.messages)] * 2 and "system" not in final[0]
-  with pytest.raises(ValueError, match="3 actions"):
-    R.step_keys(ep.messages, 3)
-  with pytest.raises(ValueError, match="key_mode"):
-    R.step_keys(ep.messages, 2, "last")
-
-
-def test_reflect_batches_one_generate_call():
-  eps = [
-    episode(("boil", 0), 35.0, 2),
-    episode(("melt", 3), -100.0, 3),
-    episode(("boil", 1), 0.0, 1),
+def test_memory_writes_one_per_executed_step_none_for_an_empty_tip():
+  writes = R.memory_writes(("boil", 0), "Heat it.", ["act 0", "act 1"], ["k0", "k1"], 35.0)
+  assert writes == [
+    R.MemoryWrite(("boil", 0), R.memory_text("Heat it.", "act 0", 35.0), 35.0, "k0"),
+    R.MemoryWrite(("boil", 0), R.memory_text("Heat it.", "act 1", 35.0), 35.0, "k1"),
   ]
-  calls = []
-
-  def generate_fn(chats):
-    calls.append(chats)
-    return ["Tip: focus on the water first.<|im_end|>", "<|im_end|>", "Open the freezer.\nmore"]
-
-  tips, writes = R.reflect(eps, generate_fn)
-  assert len(calls) == 1 and len(calls[0]) == 3
-  assert calls[0][1][-1] == {"role": "user", "content": R.TIP_PROMPT}
-  assert calls[0][1][:-1] == eps[1].messages
-  assert tips == ["focus on the water first.", "", "Open the freezer."]
-  assert [w.slot for w in writes] == [("boil", 0), ("boil", 0), ("boil", 1)]  # empty tip: no writes
-  assert writes[1].text == R.memory_text("focus on the water first.", "act 1", 35.0)
-  assert writes[1].score == 35.0 and writes[1].key == R.step_keys(eps[0].messages, 2)[1]
-  with pytest.raises(ValueError, match="2 completions"):
-    R.reflect(eps, lambda chats: ["a", "b"])
-  assert R.reflect([], generate_fn) == ([], [])
-
-
-def test_commit_encodes_keys_and_dedups():
-  class FakeEncoder:  # deterministic stand-in: the real encoder is tested in test_encoder.py
-    def encode(self, texts):
-      return np.stack([np.eye(4, dtype=np.float32)[len(t) % 4] + 0.1 for t in texts])
-
-  store = MemoryStore(dim=4)
-  _, writes = R.reflect([episode(n=2)], lambda chats: ["do X"])
-  uids = R.commit(store, FakeEncoder(), writes + writes[:1], iteration=7)
-  assert uids == [0, 1, None]
-  slot = store.slot(("boil", 0))
-  assert slot.iterations.tolist() == [7, 7] and slot.scores.tolist() == [35.0, 35.0]
-  np.testing.assert_allclose(
-    slot.embeddings[0],
-    FakeEncoder().encode([writes[0].key])[0]
-    / np.linalg.norm(FakeEncoder().encode([writes[0].key])[0]),
-    rtol=1e-6,
-  )
+  assert R.memory_writes(("boil", 0), "", ["act 0"], ["k0"], 35.0) == []
+  # a return without a maximum (score_out_of None) is stored without "/100"
+  (w,) = R.memory_writes(("lake", 2), "Go left.", ["left"], ["k"], 0.5, out_of=None)
+  assert w.text.endswith("Eventually you got the score 0.5.")
 
 
 def test_intrinsic_reward():

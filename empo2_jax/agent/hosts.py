@@ -4,6 +4,7 @@
     ... the actor steps only specs[share], in its own env pool, on its own devices ...
     episodes = gather_episodes(local_episodes)   # every host's episodes, in episode order
     stats = sum_stats(local_stats)               # counters summed over hosts
+    tips = gather_values(local_tips)             # any JSON-able values, in episode order
 
 After the gather every host holds the same episodes, so the batch, advantages and metrics built
 from them are the same everywhere; memory writes are gathered by memory/sync.py. The episodes'
@@ -31,6 +32,7 @@ import numpy as np
 
 import jax
 
+from empo2_jax.agent.episode import Episode
 from empo2_jax.memory.sync import allgather_bytes
 from empo2_jax.rl.batch import Turn
 
@@ -53,8 +55,6 @@ def episodes_to_bytes(episodes: Sequence) -> bytes:
 
 
 def episodes_from_bytes(payload: bytes) -> list:
-  from empo2_jax.agent.actor import Episode  # the actor imports this module
-
   out = []
   for d in json.loads(payload.decode("utf-8")):
     d["turns"] = [Turn(**t) for t in d["turns"]]
@@ -71,6 +71,18 @@ def gather_episodes(episodes: Sequence) -> list:
     e
     for payload in allgather_bytes(episodes_to_bytes(episodes))
     for e in episodes_from_bytes(payload)
+  ]
+
+
+def gather_values(values: Sequence) -> list:
+  """All hosts' JSON-able `values`, concatenated in process order (episode order for values per
+  `host_share` episode). A collective. One process: the list itself."""
+  if jax.process_count() == 1:
+    return list(values)
+  return [
+    v
+    for payload in allgather_bytes(json.dumps(list(values)).encode("utf-8"))
+    for v in json.loads(payload.decode("utf-8"))
   ]
 
 
@@ -127,6 +139,7 @@ __all__ = [
   "gather_episodes",
   "episodes_to_bytes",
   "episodes_from_bytes",
+  "gather_values",
   "sum_stats",
   "local_mesh",
   "sampling_params",

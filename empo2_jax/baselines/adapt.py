@@ -1,6 +1,7 @@
 """Adaptation to an unseen task with memory only (the paper's Figure 8): a trained policy runs K
 trials on a task it never trained on; after every trial it writes its tips into the memory
-(EMPO2's reflection, agent/actor.py), and the next trial reads them. No weight is updated.
+(EMPO2's reflection, agent/actor.Actor.reflect), and the next trial reads them. No weight is
+updated.
 
     records = adapt(actor, params, model_config, task, variations, trials=10,
                     temperature=0.4, rng=key)
@@ -14,11 +15,12 @@ retrieved per step.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
-import numpy as np
-
 import jax
+
+from empo2_jax.train.metrics import episode_summary
 
 
 def adapt(
@@ -41,7 +43,7 @@ def adapt(
   records = []
   for k in range(trials):
     before = len(actor.memory.store)
-    episodes = actor.rollout(
+    rollout = actor.rollout(
       params,
       model_config,
       specs,
@@ -49,21 +51,16 @@ def adapt(
       temperature=temperature,
       rng=jax.random.fold_in(rng, k),
       mode="on_tips",
-      reflect=True,
-      iteration=k,
       memory_fallback=memory_fallback,
     )
-    stats = actor.last_stats
-    ok = [e for e in episodes if not e.env_failed]
-    returns = np.array([e.episode_return for e in ok] or [np.nan])
+    with contextlib.closing(rollout):
+      actor.reflect(rollout, iteration=k)
+    stats = rollout.stats
+    ok = [e for e in rollout.episodes if not e.env_failed]
     records.append(
       {
         "trial": k + 1,
-        "return_mean": float(returns.mean()),
-        "return_std": float(returns.std()),
-        "success": float(np.mean([e.success for e in ok])) if ok else float("nan"),
-        "episodes": len(ok),
-        "env_failed": len(episodes) - len(ok),
+        **episode_summary(rollout.episodes),
         "memory_before": before,
         "memory_after": len(actor.memory.store),
         "retrieved_per_step": (

@@ -29,6 +29,8 @@ import numpy as np
 
 import jax
 
+from empo2_jax.train.metrics import return_summary
+
 MEMORY_HEADER = "Your memory for the task below (plans you wrote after earlier failed attempts):"
 REFLECTION_PROMPT = (
   "Below is the record of an attempt of yours at a task in a text environment. The attempt did "
@@ -165,9 +167,7 @@ class ReflexionResult:
     return [
       {
         "trial": k + 1,
-        "return_mean": float(self.returns[k].mean()),
-        "return_std": float(self.returns[k].std()),
-        "success": float(self.successes[k].mean()),
+        **return_summary(self.returns[k], self.successes[k]),
         "ran": int(self.ran[k].sum()),
       }
       for k in range(len(self.returns))
@@ -188,8 +188,8 @@ def run(
   out_of: Optional[float] = 100,
 ) -> ReflexionResult:
   """Reflexion over `variations` of `task` (module docstring). `writer` writes reflections
-  (policy_writer, or a stand-in in tests); the actor is never asked to reflect into its memory
-  and nothing updates `params`."""
+  (policy_writer, or a stand-in in tests); the actor never writes tips into its memory
+  (Actor.reflect) and nothing updates `params`."""
   variations = [int(v) for v in variations]
   n = len(variations)
   returns = np.zeros((cfg.trials, n))
@@ -212,9 +212,8 @@ def run(
         temperature=temperature,
         rng=k_roll,
         mode="eval",
-        reflect=False,
         notes=notes,
-      )
+      ).episodes
       failed = []
       for j, e in zip(todo, episodes):
         ran[k, j] = True

@@ -17,6 +17,8 @@ from typing import Sequence
 import numpy as np
 from etils import epath
 
+from empo2_jax.train.metrics import return_summary
+
 RESULT_FILE = "result.json"
 
 
@@ -40,9 +42,7 @@ def result_record(
     "episodes": int(r.size),
     "returns": [float(x) for x in r],
     "successes": [bool(s) for s in successes],
-    "return_mean": float(r.mean()),
-    "return_std": float(r.std()),
-    "success": float(np.mean(np.asarray(successes, bool))),
+    **return_summary(r, successes),
   }
   rec.update(extra or {})
   return rec

@@ -1,30 +1,24 @@
-"""Self-reflection tips (docs/method.md §2): prompt, clean-up, stored text, and the batched
-`reflect` call.
+"""Self-reflection tips (docs/method.md §2), as pure text functions: the chat a tip is written
+from, its clean-up, and the memory entries it becomes.
 
-After a training episode the policy reads its own trajectory plus one more user message (TIP_PROMPT)
-and answers with a one-line tip. Every step t of the episode then becomes one memory entry:
+After a training episode the policy reads its own trajectory plus one more user message (TIP_PROMPT;
+`reflection_chat`, by `empo2.tip_chat`) and answers with a one-line tip (`clean_tip`). Every
+executed step t of the episode then becomes one memory entry (`memory_writes`):
 
     text  = "{tip}; At that timestep, the specific action you took was {a_t}; Eventually you got
     the score {R}/100."
-    score = R (the episode return), key = MiniLM(key text of step t), slot = (task, variation)
+    score = R (the episode return), key = the key text of step t, slot = (task, variation)
 
-Key text = the chat so far, system message excluded, as "user: ..." / "assistant: ..." lines
-(`key_text`). key_mode "step" (paper-era code) keys step t by the transcript up to and including the
-user message that step t answered; "final" (release code) keys every step by the whole transcript.
-
-The sampler is not imported here: `reflect(episodes, generate_fn)` takes a callable
-`generate_fn(list_of_chat_message_lists) -> list[str]` (one completion per chat, temperature and
-token
-limit are the caller's) and calls it ONCE for all episodes.
+The key texts are the actor's (agent/actor.py: `empo2.memory_key`, `empo2.memory_key_text`). The
+sampling is not here: agent/actor.Actor.reflect samples the tips of a rollout in one session call,
+and memory/sync.gather_and_commit embeds the keys and adds the entries on every host.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from empo2_jax.envs.actions import printable_text
 from empo2_jax.rl.batch import strip_tips_messages
@@ -44,26 +38,6 @@ _ROLE_AFTER_START = re.compile(r"<\|im_start\|>\s*(system|user|assistant)\b", re
 _LABEL = re.compile(r"^\s*(?:\*\*)?(?:tip|summary|reflection)(?:\*\*)?\s*[:\-]\s*", re.I)
 
 
-@dataclasses.dataclass
-class ReflectEpisode:
-  """What reflection needs from a finished episode (the actor's Episode can convert to this).
-
-  slot:     (task name, variation index) -- the memory list the tips go to.
-  messages: the full chat as the policy saw it: optional system message, then user (observation) and
-            assistant (raw model action text) turns alternating; a final user message with the last
-            observation may follow the last assistant turn.
-  actions:  the action of each step, in order (len == number of assistant turns); this is the a_t
-            quoted in the stored text (pass the corrected, executed action if that is what you
-            want).
-  score:    the episode return R (the final ScienceWorld score; -100 on failure).
-  """
-
-  slot: tuple[str, int]
-  messages: list[Message]
-  actions: list[str]
-  score: float
-
-
 @dataclasses.dataclass(frozen=True)
 class MemoryWrite:
   """One entry to store: `key` is the text to embed with the encoder."""
@@ -72,11 +46,6 @@ class MemoryWrite:
   text: str
   score: float
   key: str
-
-
-def key_text(messages: Sequence[Message]) -> str:
-  """The retrieval key of a chat prefix: "role: content" lines, system messages dropped."""
-  return "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
 
 
 def tip_chat(messages: Sequence[Message]) -> list[Message]:
@@ -148,59 +117,19 @@ def memory_text(tip: str, action: str, score: float, out_of: float | None = 100)
   )
 
 
-def step_keys(messages: Sequence[Message], n_steps: int, key_mode: str = "step") -> list[str]:
-  """Key text per step: "step" = chat up to the user message step t answered; "final" = whole
-  chat."""
-  if key_mode == "final":
-    return [key_text(messages)] * n_steps
-  if key_mode != "step":
-    raise ValueError(f"key_mode must be 'step' or 'final', got {key_mode!r}")
-  assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-  if len(assistant_at) != n_steps:
-    raise ValueError(f"episode has {len(assistant_at)} assistant turns but {n_steps} actions")
-  return [key_text(messages[:i]) for i in assistant_at]
-
-
-def reflect(
-  episodes: Sequence[ReflectEpisode],
-  generate_fn: Callable[[list[list[Message]]], list[str]],
-  key_mode: str = "step",
-  max_words: int = MAX_TIP_WORDS,
-) -> tuple[list[str], list[MemoryWrite]]:
-  """Write a tip for every episode with ONE generate_fn call; returns (tips, memory writes).
-
-  Episodes whose cleaned tip is empty contribute no writes (their tip is returned as "").
-  """
-  episodes = list(episodes)
-  if not episodes:
-    return [], []
-  raw = generate_fn([tip_chat(ep.messages) for ep in episodes])
-  if len(raw) != len(episodes):
-    raise ValueError(f"generate_fn returned {len(raw)} completions for {len(episodes)} chats")
-  tips = [clean_tip(r, max_words) for r in raw]
-  writes = []
-  for ep, tip in zip(episodes, tips):
-    if not tip:
-      continue
-    for action, key in zip(ep.actions, step_keys(ep.messages, len(ep.actions), key_mode)):
-      writes.append(
-        MemoryWrite(tuple(ep.slot), memory_text(tip, action, ep.score), float(ep.score), key)
-      )
-  return tips, writes
-
-
-def commit(store, encoder, writes: Sequence[MemoryWrite], iteration: int) -> list[int | None]:
-  """Embed the writes' keys with `encoder` (Encoder.encode) and add them to `store` (MemoryStore).
-
-  Returns each write's uid, None where the slot already held that text.
-  """
-  if not writes:
+def memory_writes(
+  slot: tuple[str, int],
+  tip: str,
+  actions: Sequence[str],
+  keys: Sequence[str],
+  score: float,
+  out_of: float | None = 100,
+) -> list[MemoryWrite]:
+  """The memory entries of one episode: one per executed action a_t, its text
+  memory_text(tip, a_t, score), keyed by keys[t]; none for an empty tip."""
+  if not tip:
     return []
-  emb_nd = encoder.encode([w.key for w in writes])
-  return store.add_many(
-    [w.slot for w in writes],
-    [w.text for w in writes],
-    [w.score for w in writes],
-    np.asarray(emb_nd, np.float32),
-    iteration,
-  )
+  return [
+    MemoryWrite(slot, memory_text(tip, action, score, out_of), score, key)
+    for action, key in zip(actions, keys)
+  ]

@@ -15,6 +15,10 @@ Nothing is created before the first write, so a Trainer built only to evaluate l
 Events are written by `EventFile` (tensorboardX's protos and record framing, written at once: one
 Event per iteration holding all its scalars), so a copy taken after a write is complete.
 
+Episode summaries: `episode_summary(episodes)` (training, evaluation, adaptation) and
+`return_summary(returns, successes)` (result files, Reflexion's trials) are the one definition of
+return_mean / return_std / success.
+
 Resume: `drop_after(step)` (Trainer.resume, before the first write) rewrites the workdir's event
 files without the events past `step`, which the killed run wrote and the resumed run writes again.
 The files are rewritten rather than hidden with tensorboardX's SummaryWriter(purge_step=...):
@@ -34,7 +38,7 @@ import struct
 import tempfile
 import time
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 from etils import epath
@@ -64,6 +68,30 @@ def _replace_bytes(path: epath.Path, data: bytes) -> None:
   tmp = path.parent / f".{path.name}.tmp"
   tmp.write_bytes(data)
   tmp.replace(path)
+
+
+def return_summary(returns: Sequence[float], successes: Sequence[bool]) -> dict:
+  """return_mean, return_std (population std) and success (the rate) of some episodes; nan for
+  none."""
+  r = np.asarray(returns, np.float64)
+  if r.size == 0:
+    return dict.fromkeys(("return_mean", "return_std", "success"), float("nan"))
+  return {
+    "return_mean": float(r.mean()),
+    "return_std": float(r.std()),
+    "success": float(np.mean(np.asarray(successes, bool))),
+  }
+
+
+def episode_summary(episodes: Sequence) -> dict:
+  """`return_summary` of finished episodes plus their count (`episodes`). An episode whose env
+  worker failed (a partial score) is left out and counted in `env_failed`."""
+  ok = [e for e in episodes if not e.env_failed]
+  return {
+    **return_summary([e.episode_return for e in ok], [e.success for e in ok]),
+    "episodes": len(ok),
+    "env_failed": len(episodes) - len(ok),
+  }
 
 
 class MetricsWriter:
@@ -300,6 +328,8 @@ def drop_events_after(tb_dir, step: int) -> int:
 
 
 __all__ = [
+  "return_summary",
+  "episode_summary",
   "MetricsWriter",
   "read_metrics",
   "read_scalars",

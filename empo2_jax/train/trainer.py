@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from empo2_jax import remote
 from empo2_jax.agent import hosts
-from empo2_jax.agent.actor import Actor, Memory
+from empo2_jax.agent.actor import Actor, Memory, Rollout
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
@@ -39,11 +39,9 @@ from empo2_jax.train.hoststats import (
   release_host_memory,
 )
 from empo2_jax.train.faults import NonFiniteError
-from empo2_jax.train.metrics import MetricsWriter, is_remote
+from empo2_jax.train.metrics import MetricsWriter, episode_summary, is_remote
 
 log = logging.getLogger("empo2_jax")
-MODES = ("on", "on_tips", "off")
-
 
 UPDATE_FLOOR_KEYS = ("len", "turns", "slots", "slot_rows")
 
@@ -58,6 +56,19 @@ def draw_mode(u: float, p_memory: float, q_offpolicy: float) -> str:
   if u < p_memory:
     return "on_tips"
   return "on"
+
+
+def trainable_turns(episodes) -> list:
+  """The turns the update trains on: every turn of every episode whose env worker did not fail
+  (a failed one has a partial score)."""
+  return [t for e in episodes if not e.env_failed for t in e.turns]
+
+
+def rollout_timing(stats: dict, seconds: float) -> dict:
+  """The rollout's wall-clock phases (agent/actor.py: time/rollout_*) and what is left of its
+  `seconds` (time/rollout_other)."""
+  phases = {k: v for k, v in stats.items() if k.startswith("time/rollout_")}
+  return {**phases, "time/rollout_other": max(0.0, seconds - sum(phases.values()))}
 
 
 class Trainer:
@@ -98,6 +109,12 @@ class Trainer:
       raise
     finally:
       env.close()
+    # The exploration methods' hooks (explore/hooks.py: RND, SGE, HeRL, SPA's answer span); for
+    # EMPO2 / GRPO every hook is a no-op.
+    from empo2_jax.explore.hooks import Explorer
+
+    prompt_set = build.suite(c).prompts  # the env's messages (envs/registry.py)
+    self.explorer = Explorer(c, encoder=self.memory.encoder, score_out_of=prompt_set.score_out_of)
     self.actor = Actor(
       self.pool,
       self.tokenizer,
@@ -106,16 +123,9 @@ class Trainer:
       settings.actor_settings(c),
       # Multi-host: each host samples its share of the episodes on its own devices.
       mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh),
-      prompt_set=build.suite(c).prompts,  # the env's messages (envs/registry.py)
+      prompt_set=prompt_set,
+      env_text=self.explorer.env_text,  # what the env reads of a response
     )
-    # The exploration methods' hooks (explore/hooks.py: RND, SGE, HeRL, SPA's answer span); for
-    # EMPO2 / GRPO every hook is a no-op.
-    from empo2_jax.explore.hooks import Explorer
-
-    self.explorer = Explorer(
-      c, encoder=self.memory.encoder, score_out_of=self.actor.prompts.score_out_of
-    )
-    self.actor.env_text = self.explorer.env_text
     # A host (numpy) copy: every process holds the same key, and orbax refuses to checkpoint
     # host-local jax arrays in a multi-host run.
     self.rng = np.asarray(jax.random.PRNGKey(c.seed))
@@ -263,60 +273,90 @@ class Trainer:
     return self.update_floor
 
   def train_iteration(self) -> dict:
-    c, it = self.config, self.iteration
-    key = jax.random.fold_in(self.rng, it)
-    k_mode, k_roll = jax.random.split(key)
+    """One EMPO2 iteration (docs/method.md §1; docs/architecture.md, "One iteration"); returns its
+    metrics. Everything random derives from (seed, iteration)."""
+    it = self.iteration
+    k_mode, k_roll = jax.random.split(jax.random.fold_in(self.rng, it))
     mode = self._mode(k_mode)
-    use_memory = mode != "on"
-    timing = {}
-
     t0 = time.perf_counter()
     rows = self.rows_for_iteration()
+    rollout = self.rollout(rows, mode, k_roll)
+    rollout_stats = {**rollout.stats, **self.reflect(rollout)}
+    # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is trained
+    # on; the returns in the metrics stay those of the policy's own episodes.
+    trained, explore_metrics = self.explorer.after_rollout(self, rollout.episodes, it, mode, k_roll)
+    timing = rollout_timing(rollout_stats, time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    turns = trainable_turns(trained)
+    advantages = self.advantages(turns)
+    # An "off" iteration's samples are built on the tip-free view (rl/batch.views_for: "notips").
+    batch, bstats, layout = self.batch(turns, advantages)
+    timing["time/batching"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    upd = self.update(mode, batch, layout, bstats["n_samples"])
+    timing["time/update"] = time.perf_counter() - t0
+    info = dict(update=upd, batch=bstats, rollout=rollout_stats, timing=timing, env_rows=rows)
+    self._stop_if_nonfinite(mode, upd, info, advantages)
+
+    self.last_episodes = rollout.episodes
+    metrics = self.iteration_metrics(
+      mode, rollout.episodes, turns, advantages, rollout_stats, bstats
+    )
+    return {**metrics, **upd, **timing, **explore_metrics}
+
+  def rollout(self, rows: list[int], mode: str, key) -> Rollout:
+    """rollout.group_size episodes of each row (one GRPO group a row), with memory tips unless
+    the mode is "on" (docs/method.md §1). Multi-host: every host steps its share of the episodes;
+    all get every episode back."""
+    c = self.config
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
-    # Multi-host: every host steps its share of the episodes; all get every episode back.
-    episodes = self.actor.rollout(
+    return self.actor.rollout(
       self.sampling_params(),
       self.model_config,
       specs,
-      use_memory=use_memory,
+      use_memory=mode != "on",
       temperature=c.rollout.temperature,
-      rng=k_roll,
+      rng=key,
       mode=mode,
-      # Tips are written only when something reads them: a run without memory rollouts (GRPO,
-      # p_memory = 0) and without evaluation with memory skips the tip sampling.
-      reflect=self._memory_read(),
-      iteration=it,
-      notes=self.explorer.train_notes(specs, it),
+      notes=self.explorer.train_notes(specs, self.iteration),
       sampler=self.explorer.train_sampler(),
     )
-    roll_stats = dict(self.actor.last_stats)
-    # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is trained
-    # on; the returns below stay those of the policy's own episodes.
-    trained, explore_metrics = self.explorer.after_rollout(self, episodes, it, mode, k_roll)
-    # The rollout's phases (agent/actor.py) and what is left of its wall clock: time/rollout_*.
-    phases = {k: v for k, v in roll_stats.items() if k.startswith("time/rollout_")}
-    timing.update(phases)
-    timing["time/rollout_other"] = max(0.0, time.perf_counter() - t0 - sum(phases.values()))
 
-    t0 = time.perf_counter()
-    # An episode the env pool gave up on (worker died repeatedly) has a partial score: not trained
-    # on and not counted in the returns; reported as env_failed.
-    ok = [e for e in episodes if not e.env_failed] or episodes[:0]
-    turns = [t for e in trained if not e.env_failed for t in e.turns]
-    adv_kwargs = {}
-    if c.advantage.estimator == "gigpo":
-      adv_kwargs = dict(
-        gamma=c.advantage.gamma,
-        step_weight=c.advantage.step_weight,
-        use_std=c.advantage.use_std,
-        episode_stats=c.advantage.episode_stats,
-        invalid_penalty=c.advantage.invalid_penalty,
+  def reflect(self, rollout: Rollout) -> dict:
+    """Every finished episode's tip into memory, in every mode (docs/method.md §1 item 3, §2-3:
+    Actor.reflect), then the rollout's sampler session is freed; the tip statistics. Tips are
+    written only when something reads them: a run without memory rollouts (GRPO, p_memory = 0)
+    and without evaluation with memory skips the tip sampling."""
+    with contextlib.closing(rollout):
+      return self.actor.reflect(rollout, self.iteration) if self._memory_read() else {}
+
+  def advantages(self, turns: list) -> np.ndarray:
+    """Each turn's advantage (docs/method.md §6, advantage.estimator), also kept on the turn
+    (saved with the episodes: data/trajectories.py; launch/inspect_run.py)."""
+    a = self.config.advantage
+    kwargs = {}
+    if a.estimator == "gigpo":
+      kwargs = dict(
+        gamma=a.gamma,
+        step_weight=a.step_weight,
+        use_std=a.use_std,
+        episode_stats=a.episode_stats,
+        invalid_penalty=a.invalid_penalty,
       )
-    advantages = batch_lib.turn_advantages(turns, c.advantage.estimator, **adv_kwargs)
-    for t, a in zip(turns, np.asarray(advantages, np.float64).tolist()):
-      t.advantage = a  # saved with the episodes (data/trajectories.py; launch/inspect_run.py)
-    # optim.layout: one row per episode and view ("packed", rl/packing.py) or one per turn.
-    fl = self._update_floor()
+    advantages = batch_lib.turn_advantages(turns, a.estimator, **kwargs)
+    for t, x in zip(turns, np.asarray(advantages, np.float64).tolist()):
+      t.advantage = x
+    return advantages
+
+  def batch(self, turns: list, advantages) -> tuple[dict, dict, dict]:
+    """(batch, its statistics, its mini-batch layout): every turn one sample (docs/method.md §1
+    item 4) whose prompt views follow its mode (rl/batch.views_for; docs/method.md §4), over-long
+    prompts dropped; one row per episode and view (optim.layout "packed", rl/packing.py) or one
+    per turn; then shuffled into mini-batches of optim.minibatch_size samples (docs/method.md §1
+    item 5). The shuffle depends on (seed, iteration) only, so a resumed run repeats it."""
+    c, fl = self.config, self._update_floor()
     if c.optim.layout == "packed":
       batch, bstats = batch_lib.build_packed_batch(
         turns, advantages, self.tokenizer, self.batch_cfg, min_len=fl["len"], min_turns=fl["turns"]
@@ -325,12 +365,10 @@ class Trainer:
       batch, bstats = batch_lib.build_batch(
         turns, advantages, self.tokenizer, self.batch_cfg, min_len=fl["len"]
       )
-    # Shuffled mini-batches of optim.minibatch_size samples (docs/method.md §1 item 5); the shuffle
-    # depends on (seed, iteration) only, so a resumed run repeats it exactly.
     batch, layout = minibatch_lib.arrange(
       batch,
       self.update_cfg,
-      seed=(c.seed, it),
+      seed=(c.seed, self.iteration),
       min_slots=fl["slots"],
       min_slot_rows=fl["slot_rows"],
     )
@@ -338,73 +376,76 @@ class Trainer:
       shape = minibatch_lib.update_shape(batch, layout)
       self.update_floor = {k: max(v, shape[k]) for k, v in self.update_floor.items()}
     self.last_batch = batch  # host copy as the update sees it (tests, debugging)
-    timing["time/batching"] = time.perf_counter() - t0
+    return batch, bstats, layout
 
-    t0 = time.perf_counter()
-    if bstats["n_samples"]:
-      args = (self.ref_params,) if self.ref_params is not None else ()
-      if self.mesh is not None:
-        from empo2_jax.parallel import sharding as shd
+  def update(self, mode: str, batch: dict, layout: dict, n_samples: int) -> dict:
+    """The PPO update of the train state on `batch` (rl/update.py; docs/method.md §5); its
+    metrics. Loss metrics are per-step means; optim_steps and param_update_norm (the global norm
+    of this iteration's weight change) describe the whole update and keep their own names."""
+    if not n_samples:
+      return {"optim_steps": 0.0, "param_update_norm": 0.0}
+    c = self.config
+    args = (self.ref_params,) if self.ref_params is not None else ()
+    if self.mesh is not None:
+      from empo2_jax.parallel import sharding as shd
 
-        batch = shd.shard_batch(batch, self.mesh)
-      from_sampler = self._old_from_sampler(mode, batch)
-      self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
-      # Loss metrics are per-step means; optim_steps and param_update_norm (the global norm of
-      # this iteration's weight change) describe the whole update and keep their own names.
-      upd = {
-        (k if k in ("optim_steps", "param_update_norm") else f"loss/{k}"): float(v)
-        for k, v in jax.device_get(upd).items()
-      }
-      if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
-        raise RuntimeError(
-          f"iteration {it}: the update took {upd['optim_steps']:g} optimizer "
-          f"steps for {layout['num_minibatches']} mini-batches x "
-          f"{c.optim.epochs} epochs"
-        )
-      self._check_sampler_logp(it, upd)
-    else:
-      upd = {"optim_steps": 0.0, "param_update_norm": 0.0}
-    timing["time/update"] = time.perf_counter() - t0
+      batch = shd.shard_batch(batch, self.mesh)
+    from_sampler = self._old_from_sampler(mode, batch)
+    self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
+    upd = {
+      (k if k in ("optim_steps", "param_update_norm") else f"loss/{k}"): float(v)
+      for k, v in jax.device_get(upd).items()
+    }
+    if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
+      raise RuntimeError(
+        f"iteration {self.iteration}: the update took {upd['optim_steps']:g} optimizer "
+        f"steps for {layout['num_minibatches']} mini-batches x "
+        f"{c.optim.epochs} epochs"
+      )
+    self._check_sampler_logp(self.iteration, upd)
+    return upd
+
+  def _stop_if_nonfinite(self, mode: str, upd: dict, info: dict, advantages) -> None:
+    """NonFiniteError on a non-finite update metric, before anything saves this state; the batch
+    goes to <workdir>/debug/iter_N (train/faults.py)."""
     bad = faults.nonfinite(upd)
-    if bad:  # stop before anything saves this state; the batch goes to <workdir>/debug/iter_N
-      self.state_is_bad = True
-      info = dict(update=upd, batch=bstats, rollout=roll_stats, timing=timing, env_rows=rows)
-      info.update(seed=c.seed, advantages=np.asarray(advantages, np.float64))
-      lead = jax.process_index() == 0
-      raise faults.nonfinite_error(self, it + 1, mode, bad, info, self.last_batch, lead)
+    if not bad:
+      return
+    self.state_is_bad = True
+    info = dict(info, seed=self.config.seed, advantages=np.asarray(advantages, np.float64))
+    lead = jax.process_index() == 0
+    raise faults.nonfinite_error(self, self.iteration + 1, mode, bad, info, self.last_batch, lead)
 
-    returns = np.array([e.episode_return for e in ok] or [np.nan], np.float64)
+  def iteration_metrics(
+    self, mode: str, episodes: list, turns: list, advantages, stats: dict, bstats: dict
+  ) -> dict:
+    """The iteration's rollout, memory and batch metrics (the update's and the timings are
+    added by train_iteration)."""
+    summary = episode_summary(episodes)
+    ok = [e for e in episodes if not e.env_failed]
     intrinsic = [t.intrinsic for t in turns]
-    out = {
+    memory_steps = stats.get("memory_steps")
+    return {
       "mode": mode,
-      "mode_id": MODES.index(mode),
-      "return_mean": float(returns.mean()),
-      "return_std": float(returns.std()),
-      "success": float(np.mean([e.success for e in ok])) if ok else float("nan"),
+      "mode_id": batch_lib.MODES.index(mode),
+      "return_mean": summary["return_mean"],
+      "return_std": summary["return_std"],
+      "success": summary["success"],
       "episode_steps": float(np.mean([len(e.turns) for e in ok])) if ok else 0.0,
-      "env_failed": int(sum(e.env_failed for e in episodes)),
+      "env_failed": summary["env_failed"],
       "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
       "memory_size": len(self.memory.store),
-      "retrieval_hits_per_step": (
-        roll_stats["retrieved"] / roll_stats["memory_steps"]
-        if roll_stats.get("memory_steps")
-        else 0.0
-      ),
-      "tips_written": roll_stats.get("tips", 0),
-      "memory_writes": roll_stats.get("memory_writes", 0),
-      "prefill_tokens": roll_stats.get("prefill_tokens", 0),
-      "reused_tokens": roll_stats.get("reused_tokens", 0),
+      "retrieval_hits_per_step": stats["retrieved"] / memory_steps if memory_steps else 0.0,
+      "tips_written": stats.get("tips", 0),
+      "memory_writes": stats.get("memory_writes", 0),
+      "prefill_tokens": stats.get("prefill_tokens", 0),
+      "reused_tokens": stats.get("reused_tokens", 0),
       "samples": bstats["n_samples"],
       "dropped_long": bstats["n_dropped_prompt"],
       "train_tokens": bstats["tokens"],
       "batch_rows": bstats["rows"],
       "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
     }
-    out.update(upd)
-    out.update(timing)
-    out.update(explore_metrics)
-    self.last_episodes = episodes
-    return out
 
   def _old_from_sampler(self, mode: str, batch: dict) -> np.bool_:
     """The update's old_from_sampler flag for this iteration (train/settings.py)."""
@@ -454,34 +495,30 @@ class Trainer:
         temperature=c.train.eval_temperature,
         rng=rng if k == 0 else jax.random.fold_in(rng, k),
         mode="eval",
-        reflect=False,
         notes=None if notes is None else notes[part],
         # test variations have no slot: they read the task's slots only where asked
         memory_fallback=c.memory.unseen_fallback == "task",
-      )
+      ).episodes
     return episodes
 
   def evaluate(self, with_memory: bool = False) -> dict:
+    """The evaluation metrics (eval/..., eval_mem/... with memory): `episode_summary` of the test
+    episodes, Pass@1 and Pass@k."""
     t0 = time.perf_counter()
     episodes = self.eval_episodes(with_memory)
-    failed = sum(e.env_failed for e in episodes)
-    episodes = [e for e in episodes if not e.env_failed]
-    returns = np.array([e.episode_return for e in episodes] or [np.nan])
+    summary = episode_summary(episodes)
+    ok = [e for e in episodes if not e.env_failed]
     tag = "eval_mem" if with_memory else "eval"
     # Pass@1 and Pass@k over the eval_repeats episodes of each test row (SPA's es_manager:
     # pass@k = any success in the group, averaged over the groups; explore/spa.py).
     from empo2_jax.explore.spa import pass_at_k
 
-    pass1, passk, k = pass_at_k([e.group_id for e in episodes], [e.success for e in episodes])
+    pass1, passk, k = pass_at_k([e.group_id for e in ok], [e.success for e in ok])
     return {
-      f"{tag}/return_mean": float(returns.mean()),
-      f"{tag}/return_std": float(returns.std()),
-      f"{tag}/success": float(np.mean([e.success for e in episodes] or [np.nan])),
+      **{f"{tag}/{name}": v for name, v in summary.items()},
       f"{tag}/pass@1": pass1,
       f"{tag}/pass@k": passk,
       f"{tag}/k": k,
-      f"{tag}/episodes": len(episodes),
-      f"{tag}/env_failed": failed,
       f"time/{tag}": time.perf_counter() - t0,
     }
 
