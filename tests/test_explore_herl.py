@@ -1,5 +1,5 @@
-"""HeRL (explore/herl.py): HE token weight and bonus vs numpy, candidates, injection, goal parsing,
-and the HE term of the policy loss."""
+"""HeRL (explore/herl.py): HE token weight (rl/losses.shaped_ratio) and bonus vs numpy,
+candidates, injection, goal parsing, and the HE (policy-shaped) term of the policy loss."""
 
 import dataclasses
 
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.explore import herl
-from empo2_jax.rl.losses import LossConfig, policy_loss
+from empo2_jax.rl.losses import LossConfig, policy_loss, shaped_ratio
 
 GOALS = """Completed keys:
 ----------------------------------------------------------------------------------------------------
@@ -33,15 +33,15 @@ def test_he_weight_vs_numpy():
   for gamma in (1.0, 0.1):
     rho = np.exp(np.clip(lr, -20, 20))
     np.testing.assert_allclose(
-      np.asarray(herl.he_token_weight(jnp.asarray(lr), gamma)), rho / (rho + gamma), rtol=1e-6
+      np.asarray(shaped_ratio(jnp.asarray(lr), gamma)), rho / (rho + gamma), rtol=1e-6
     )
-  assert float(herl.he_token_weight(0.0, 1.0)) == pytest.approx(0.5)  # on-policy: 1/(1+gamma)
+  assert float(shaped_ratio(0.0, 1.0)) == pytest.approx(0.5)  # on-policy: 1/(1+gamma)
 
 
 def test_he_weight_gradient_vs_hand_derivative():
   """d w / d log pi = rho * gamma / (rho + gamma)^2."""
   for x, gamma in ((0.3, 1.0), (-1.2, 0.1)):
-    g = jax.grad(lambda v: herl.he_token_weight(v, gamma))(x)
+    g = jax.grad(lambda v: shaped_ratio(v, gamma))(x)
     rho = np.exp(x)
     assert float(g) == pytest.approx(rho * gamma / (rho + gamma) ** 2, rel=1e-5)
 
@@ -97,14 +97,14 @@ def test_policy_loss_he_tokens_use_the_weight_without_clipping():
   adv = np.array([1.0, -1.0, 2.0, -0.5], np.float32)
   mask = np.ones((B, R), np.float32)
   he = np.array([[1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0]], np.float32)
-  cfg = LossConfig(low_prob_mask=False, he_gamma=0.5, dual_clip_c=None)
+  cfg = LossConfig(low_prob_mask=False, dual_clip_c=None)
   loss, met = policy_loss(
     jnp.asarray(logp),
     jnp.asarray(old),
     jnp.asarray(adv),
     jnp.asarray(mask),
     cfg,
-    he_mask_br=jnp.asarray(he),
+    shaping_gamma_br=jnp.asarray(0.5 * he),
   )
   ratio = np.exp(logp - old)
   a = adv[:, None] * np.ones((1, R))
@@ -112,15 +112,15 @@ def test_policy_loss_he_tokens_use_the_weight_without_clipping():
   he_term = -a * ratio / (ratio + 0.5)
   want = np.where(he > 0, he_term, ppo).mean()
   assert float(loss) == pytest.approx(want, rel=1e-5)
-  assert float(met["he_token_frac"]) == pytest.approx(0.5)
+  assert float(met["shaped_token_frac"]) == pytest.approx(0.5)
   loss_plain, _ = policy_loss(
     jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), cfg
   )
   assert float(loss_plain) == pytest.approx(ppo.mean(), rel=1e-5)
 
 
-def test_batches_carry_he_mask_and_token_temperatures():
-  """rl/batch.py: he_mask and token_temperature follow the turns into both layouts."""
+def test_batches_carry_shaping_gamma_and_token_temperatures():
+  """rl/batch.py: shaping_gamma and token_temperature follow the turns into both layouts."""
   from empo2_jax.model.tokenizer import load_tokenizer
   from empo2_jax.rl.batch import BatchConfig, Turn, build_batch, build_packed_batch
 
@@ -143,7 +143,7 @@ def test_batches_carry_he_mask_and_token_temperatures():
           s,
           0.0,
           token_temps=temps,
-          he=he,
+          shaping_gamma=0.5 if he else 0.0,
         )
       )
       msgs += [{"role": "assistant", "content": f" move {s}"}, {"role": "user", "content": "ok"}]
@@ -151,17 +151,18 @@ def test_batches_carry_he_mask_and_token_temperatures():
   flat, _ = build_batch(turns, np.zeros(4), tok, cfg)
   for row, i in enumerate(flat["sample_index"][:4]):
     n = len(turns[i].response_ids)
-    assert flat["he_mask"][row] == float(turns[i].he)
+    assert flat["shaping_gamma"][row] == turns[i].shaping_gamma
     want = np.float32(1.3 if turns[i].token_temps else 0.0)
     np.testing.assert_array_equal(flat["token_temperature"][row, :n], want)
   packed, _ = build_packed_batch(turns, np.zeros(4), tok, cfg)
   idx = packed["sample_index"]
   for b, k in zip(*np.nonzero(idx >= 0)):
     i = idx[b, k]
-    assert packed["he_mask"][b, k] == float(turns[i].he)
+    assert packed["shaping_gamma"][b, k] == turns[i].shaping_gamma
     assert packed["token_temperature"][b, k, 0] == np.float32(1.3 if turns[i].token_temps else 0)
-  plain = [dataclasses.replace(t, he=False, token_temps=None) for t in turns]
-  assert not {"he_mask", "token_temperature"} & set(build_batch(plain, np.zeros(4), tok, cfg)[0])
+  plain = [dataclasses.replace(t, shaping_gamma=0.0, token_temps=None) for t in turns]
+  keys = set(build_batch(plain, np.zeros(4), tok, cfg)[0])
+  assert not {"shaping_gamma", "token_temperature"} & keys
 
 
 @pytest.mark.slow

@@ -94,14 +94,15 @@ def test_herl_bonus_injection_and_relabelling():
   cand = eps[1]
   assert [t.episode_return for t in cand.turns] == [41.0, 41.0] and cand.score == 40.0
   assert cand.turns[-1].reward == pytest.approx(41.0)
-  # one slot of group 0 now holds the guided episode under that slot's ids, marked HE
+  # one slot of group 0 now holds the guided episode under that slot's ids, shaped by gamma_s
   rng = np.random.default_rng([0, 3, 1931])
   members = [herl.Member(i, eps[i].score, False) for i in range(4)]
   slot = herl.injection(members, 60.0, rng)[0]
   new = out[slot]
   assert new.score == 60.0 and new.rollout_id == slot and new.group_id == 0
-  assert all(t.he and t.rollout_id == slot for t in new.turns)
-  assert out[4:] == eps[4:] and all(not t.he for e in out if e is not new for t in e.turns)
+  assert all(t.shaping_gamma == 1.0 and t.rollout_id == slot for t in new.turns)
+  assert out[4:] == eps[4:]
+  assert all(t.shaping_gamma == 0.0 for e in out if e is not new for t in e.turns)
   assert eps[slot] is not new  # the input list is not modified
 
 

@@ -216,6 +216,8 @@ def test_update_old_logprob_uses_each_tokens_temperature():
     "advantages": rng.normal(size=B).astype(np.float32),
     "sample_index": np.arange(B, dtype=np.int32),
     "token_temperature": temps,
+    # and a policy-shaping constant on one of the four turns: it reaches the loss
+    "shaping_gamma": np.array([0.0, 1.0, 0.0, 0.0], np.float32),
   }
   cfg = UpdateConfig(
     learning_rate=1e-3, minibatch_size=4, micro_rows=2, loss=LossConfig(low_prob_mask=False)
@@ -225,6 +227,7 @@ def test_update_old_logprob_uses_each_tokens_temperature():
   _, met = update(init_train_state(params, opt), batch)
   assert float(met["sampler_vs_old_logp_absdiff"]) < 1e-4
   assert float(met["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)  # first step: old == current
+  assert float(met["shaped_token_frac"]) == pytest.approx(0.25)
   no_temps = {k: v for k, v in batch.items() if k != "token_temperature"}
   _, met = update(init_train_state(params, opt), no_temps)
   assert float(met["sampler_vs_old_logp_absdiff"]) > 1e-2

@@ -65,7 +65,7 @@ def test_herl_one_iteration_injects_guided_episodes(tmp_path):
     assert m["herl/groups_failed"] == failed
     assert m["herl/injected"] + m["herl/fallback_copies"] == failed
     if m["herl/injected"]:
-      assert m["loss/he_token_frac"] > 0 and "he_mask" in trainer.last_batch
+      assert m["loss/shaped_token_frac"] > 0 and "shaping_gamma" in trainer.last_batch
     assert np.isfinite(m["loss/pg_loss"])
   finally:
     trainer.close()

@@ -237,10 +237,10 @@ def test_settings_pick_the_sampler_only_where_valid():
 def test_per_iteration_choice_keeps_recompute_off_policy_and_for_sge():
   """Dynamic: the paper's off-policy old view is tip-free (never sampled): recompute; the
   release variant's off-policy old view keeps the tips (sampled): sampler. Per-token
-  temperatures (SGE) or HeRL flags in the batch: recompute."""
+  temperatures or policy-shaping constants in the batch (rl/update.OPTIONAL_KEYS): recompute."""
   ok = settings.old_logprobs_from_sampler
   assert ok("on", "paper", {}) and ok("on_tips", "paper", {}) and ok("on_tips", "release", {})
   assert not ok("off", "paper", {})
   assert ok("off", "release", {})
   assert not ok("on", "paper", {"token_temperature": np.zeros((1, 1, 4))})
-  assert not ok("on_tips", "paper", {"he_mask": np.zeros((1, 1))})
+  assert not ok("on_tips", "paper", {"shaping_gamma": np.zeros((1, 1))})

@@ -27,7 +27,8 @@ proposal, docs/methods.md §6.3's note):
   HE weight   on HE tokens the PPO-clip term is replaced by -A * w, w = rho / (rho + gamma_s),
               rho = exp(clamp(log pi_theta - log pi_old, -20, 20)) with pi_old recomputed on the
               injected sample before the update, gamma_s = 1 (HeRL's IF setting); no clipping.
-              (rl/losses.policy_loss, `he_mask_br`)
+              The injected turns carry Turn.shaping_gamma = gamma_s (explore/hooks.py), which
+              the loss reads as its policy-shaping constant (rl/losses.shaped_ratio)
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ import re
 from typing import Optional, Sequence
 
 import numpy as np
-
-import jax.numpy as jnp
-
-_MAX_LOG_RATIO = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +59,6 @@ class HeRLConfig:
 # ---------------------------------------------------------------------------------------------
 # Math
 # ---------------------------------------------------------------------------------------------
-
-
-def he_token_weight(log_ratio, gamma_s: float):
-  """w = rho / (rho + gamma_s), rho = exp(clip(log_ratio, -20, 20)) (jnp, any shape)."""
-  rho = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-  return rho / (rho + gamma_s)
 
 
 def bonus(candidate_score: float, guided_score: float, alpha: float) -> float:
@@ -196,7 +187,6 @@ def summary(groups_failed: int, injected: int, fallback: int, bonuses: Optional[
 __all__ = [
   "HeRLConfig",
   "Member",
-  "he_token_weight",
   "bonus",
   "candidates",
   "injection",

@@ -15,7 +15,7 @@ What each method adds (its logic lives in its own module; this file only dispatc
         temperatures (Turn.token_temps); after the rollout the first strategies go into the book
         (explore/sge.py); the env reads the text after </strategy>
   herl  after the rollout: guided re-rollouts of the groups without a success, the bonus and the
-        injection (explore/herl.py); the injected turns have Turn.he
+        injection (explore/herl.py); the injected turns have Turn.shaping_gamma = herl.gamma_s
   spa   the env reads the <answer> span (explore/spa.py); stages A and B are launch/spa.py
 """
 
@@ -226,7 +226,7 @@ class Explorer:
       slot, use, src = herl.injection(groups[gid], g.score, rng)
       target = episodes[slot]
       new = g if use else (original if src == cands[gid] else copy.deepcopy(episodes[src]))
-      _relabel(new, target.group_id, target.rollout_id, he=use)
+      _relabel(new, target.group_id, target.rollout_id, cfg.gamma_s if use else 0.0)
       episodes[slot] = new
       injected += int(use)
       fallback += int(not use)
@@ -266,10 +266,13 @@ def _shift(e, delta: float) -> None:
     t.episode_return, t.reward = r, w  # the training signal; e.score stays the env's score
 
 
-def _relabel(e, group_id, rollout_id, *, he: bool) -> None:
+def _relabel(e, group_id, rollout_id, shaping_gamma: float) -> None:
+  """The episode moved into another slot; shaping_gamma > 0 marks its turns as sampled under
+  another policy (the HE weight, explore/herl.py)."""
   e.group_id, e.rollout_id = group_id, rollout_id
   e.turns = [
-    dataclasses.replace(t, group_id=group_id, rollout_id=rollout_id, he=he) for t in e.turns
+    dataclasses.replace(t, group_id=group_id, rollout_id=rollout_id, shaping_gamma=shaping_gamma)
+    for t in e.turns
   ]
 
 

@@ -21,7 +21,8 @@ Batch layout (numpy, one row per sample; L = P + R):
   sample_index         [B]    int32   index into the input turns; -1 on padding rows
   token_temperature    [B, R] float32 only when a turn has token_temps: each response token's
                                       sampling temperature (0: the rollout temperature)
-  he_mask              [B]    float32 only when a turn is a HeRL hindsight sample (Turn.he)
+  shaping_gamma        [B]    float32 only when a turn has shaping_gamma > 0: the turn's
+                                      policy-shaping constant (0: the clipped surrogate)
 Prompt-length check (`BatchConfig.prompt_len_check`): a sample whose prompt is longer than
 max_prompt_len is dropped. "both" (ours) measures every view the sample uses; "tip_free" (the
 release's choice) measures only the tip-free view, whatever the mode. Under "tip_free" a with-tips
@@ -69,10 +70,12 @@ class Turn:
   intrinsic: float = 0.0  # this step's memory reward r_int (0 without memory)
   obs_key: Hashable = ""  # the current observation, for GiGPO anchor states
   valid: bool = True  # the env accepted the raw action as-is (GiGPO's invalid-action penalty)
-  # The temperature each response token was sampled at, where it differs per token (SGE's
-  # strategy spans, explore/sge.py); None: the rollout temperature. The update's log-probs use it.
+  # The temperature each response token was sampled at, where it differs per token; None: the
+  # rollout temperature. The update's log-probs use it (1/T per token).
   token_temps: Optional[list] = None
-  he: bool = False  # an injected HeRL hindsight sample (explore/herl.py): HE-weighted loss
+  # > 0: the turn was sampled under another policy and its tokens take the shaped, unclipped loss
+  # term -A * rho / (rho + shaping_gamma) (rl/losses.policy_loss); 0: the clipped surrogate.
+  shaping_gamma: float = 0.0
   # This turn's advantage, set by the trainer once the iteration's advantages are computed (saved
   # with the episodes, data/trajectories.py); None: not trained on (evaluation, env_failed).
   advantage: Optional[float] = None
@@ -264,13 +267,13 @@ def build_batch(
     out["sampler_logp"][row, : len(resp)] = t.sampler_logprobs
     out["advantages"][row] = advantages[i]
     out["sample_index"][row] = i
-  _method_arrays(out, [[i] for i in keep], turns, (rows,), R)
+  _optional_arrays(out, [[i] for i in keep], turns, (rows,), R)
   stats.update(rows=rows, prompt_len=p_len, tokens=int(out["cur_attn"].sum()))
   return out, stats
 
 
-def _method_arrays(out: dict, members: list, turns: Sequence[Turn], lead: tuple, R: int) -> None:
-  """Adds token_temperature (lead + (R,)) and he_mask (lead) when some kept turn needs them.
+def _optional_arrays(out: dict, members: list, turns: Sequence[Turn], lead: tuple, R: int) -> None:
+  """Adds token_temperature (lead + (R,)) and shaping_gamma (lead) when some kept turn has them.
   members[b]: the turn indices of row b (one per turn layout, the packed turns otherwise)."""
   kept = [i for m in members for i in m]
   if any(turns[i].token_temps is not None for i in kept):
@@ -287,12 +290,12 @@ def _method_arrays(out: dict, members: list, turns: Sequence[Turn], lead: tuple,
         at = (b, k) if len(lead) == 2 else (b,)
         arr[at + (slice(0, len(temps)),)] = temps
     out["token_temperature"] = arr
-  if any(turns[i].he for i in kept):
+  if any(turns[i].shaping_gamma > 0 for i in kept):
     arr = np.zeros(lead, np.float32)
     for b, m in enumerate(members):
       for k, i in enumerate(m):
-        arr[(b, k) if len(lead) == 2 else b] = float(turns[i].he)
-    out["he_mask"] = arr
+        arr[(b, k) if len(lead) == 2 else b] = float(turns[i].shaping_gamma)
+    out["shaping_gamma"] = arr
 
 
 def build_packed_batch(
@@ -315,7 +318,7 @@ def build_packed_batch(
     cur_starts, old_starts                      [B, T] int32  first response position of a turn
     response_mask, sampler_logp                 [B, T, R]
     advantages [B, T] float32; sample_index [B, T] int32 (-1: no turn)
-    token_temperature [B, T, R], he_mask [B, T]  only when some turn needs them (see above)
+    token_temperature [B, T, R], shaping_gamma [B, T]  only when some turn has them (see above)
   A batch of build_batch is the special case T = 1, starts = L - R (rl/update.as_packed).
   """
   advantages, plan, ids, keep, stats = _select(turns, advantages, tokenizer, cfg)
@@ -363,7 +366,7 @@ def build_packed_batch(
       out["sampler_logp"][b, k, :n] = turns[i].sampler_logprobs
       out["advantages"][b, k] = advantages[i]
       out["sample_index"][b, k] = i
-  _method_arrays(out, [m for m, _, _ in packed], turns, (rows, T), R)
+  _optional_arrays(out, [m for m, _, _ in packed], turns, (rows, T), R)
   stats.update(
     rows=rows,
     prompt_len=L,

@@ -8,9 +8,10 @@ keeps nothing per chunk either. A vocabulary that the chunk size does not divide
 smaller tail chunk (no padding copy of `w`).
 
 With temperature tau the distribution is softmax(h @ w / tau), as the sampler draws it.
-Per-token temperatures (SGE's strategy spans, explore/sge.py): `inv_temperature` [...] gives each
-position its own 1/tau; the distribution at a position is then softmax(h @ w * inv_temperature),
-the one that position was sampled from, so the PPO ratio compares like with like.
+Per-token temperatures (tokens sampled at different temperatures): `inv_temperature` [...] gives
+each position its own 1/tau; the distribution at a position is then
+softmax(h @ w * inv_temperature), the one that position was sampled from, so the PPO ratio
+compares like with like.
 Entropy H = logZ - E_p[z]; dlogp/dz = onehot - p; dH/dz = -p (z - E_p[z]).
 """
 

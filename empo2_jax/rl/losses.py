@@ -1,5 +1,6 @@
 """EMPO2 policy loss (docs/method.md §5): PPO clipped surrogate with asymmetric and dual clipping,
-optional KL-to-reference and entropy terms, and the low-probability sample mask.
+optional KL-to-reference and entropy terms, and the low-probability sample mask. Tokens sampled
+under another policy may take a shaped, unclipped term instead (`policy_loss(shaping_gamma_br=)`).
 
 All per-token arrays are `[B, R]` over the response tokens (R = padded response length); the mask
 `mask_br` is 1 on real response tokens. Advantages are per sample `[B]` or per token `[B, R]`.
@@ -35,7 +36,6 @@ class LossConfig:
   entropy_coef: float = 0.0
   low_prob_mask: bool = True
   low_prob_delta: float = -5.0
-  he_gamma: float = 1.0  # HeRL's gamma_s: HE tokens weigh rho / (rho + he_gamma) (explore/herl.py)
 
   def __post_init__(self):
     if self.agg not in ("token_mean", "seq_mean"):
@@ -86,6 +86,14 @@ def aggregate(x_br, mask_br, agg, token_denom=None, seq_denom=None):
   return jnp.sum(per_seq) / jnp.maximum(denom, 1)
 
 
+def shaped_ratio(log_ratio, gamma):
+  """Policy shaping of a ratio: w = rho / (rho + gamma), rho = exp(clip(log_ratio, -20, 20)) (jnp,
+  any shapes that broadcast). Bounded in (0, 1) and never clipped: d w / d log pi =
+  rho gamma / (rho + gamma)^2 keeps a gradient where the ratio is far from 1."""
+  rho = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+  return rho / (rho + gamma)
+
+
 def policy_loss(
   logp_br,
   old_logp_br,
@@ -95,15 +103,15 @@ def policy_loss(
   *,
   ref_logp_br=None,
   entropy_br=None,
-  sampler_logp_br=None,
+  shaping_gamma_br=None,
   token_denom=None,
   seq_denom=None,
-  he_mask_br=None,
 ):
   """PPO-clip loss. `mask_br` is the final response mask (low-prob mask already applied).
 
-  he_mask_br (HeRL, explore/herl.py): 1 on tokens of injected hindsight samples, whose term is
-  -A * rho / (rho + he_gamma) instead of the clipped surrogate (no clipping).
+  shaping_gamma_br: None, or a per-token constant gamma >= 0. Where gamma > 0 (tokens sampled
+  under another policy, e.g. docs/methods.md §6) the token's term is -A * shaped_ratio(log_ratio,
+  gamma) instead of the clipped surrogate (no clipping); where it is 0, the clipped surrogate.
 
   Returns (loss scalar, metrics dict of scalars). Mean metrics use the same token denominator as
   the loss (so they add up across micro-batches); `ratio_max` is a max.
@@ -124,13 +132,11 @@ def policy_loss(
     dual = m & negative & (ratio > cfg.dual_clip_c)
   else:
     dual = jnp.zeros_like(m)
-  he = None
-  if he_mask_br is not None:
-    from empo2_jax.explore.herl import he_token_weight
-
-    he = m & (he_mask_br > 0)
-    he_w = he_token_weight(log_ratio, cfg.he_gamma)
-    pg = jnp.where(he, -adv_br * he_w, pg)
+  shaped = None
+  if shaping_gamma_br is not None:
+    shaped = m & (shaping_gamma_br > 0)
+    shaped_w = shaped_ratio(log_ratio, shaping_gamma_br)
+    pg = jnp.where(shaped, -adv_br * shaped_w, pg)
   pg = jnp.where(m, pg, 0.0)
 
   loss = aggregate(pg, mask_br, cfg.agg, token_denom, seq_denom)
@@ -145,9 +151,10 @@ def policy_loss(
     # k3 estimate of KL(old || current): nonnegative, low variance.
     "approx_kl": tok_mean(ratio - 1.0 - log_ratio),
   }
-  if he is not None:
-    metrics["he_token_frac"] = tok_mean(he.astype(jnp.float32))
-    metrics["he_weight_sum"] = tok_mean(jnp.where(he, he_w, 0.0))  # / he_token_frac: the mean
+  if shaped is not None:
+    metrics["shaped_token_frac"] = tok_mean(shaped.astype(jnp.float32))
+    # / shaped_token_frac: the mean weight of the shaped tokens
+    metrics["shaped_weight_sum"] = tok_mean(jnp.where(shaped, shaped_w, 0.0))
   if ref_logp_br is not None:
     kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_type)
     kl_loss = aggregate(kl, mask_br, cfg.agg, token_denom, seq_denom)
@@ -163,7 +170,5 @@ def policy_loss(
       loss = loss - cfg.entropy_coef * ent
   elif cfg.entropy_coef:
     raise ValueError("LossConfig.entropy_coef > 0 needs entropy_br")
-  if sampler_logp_br is not None:
-    metrics["sampler_logp_absdiff"] = tok_mean(jnp.abs(sampler_logp_br - old_logp_br))
   metrics["loss"] = loss
   return loss, metrics

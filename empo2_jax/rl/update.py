@@ -63,9 +63,11 @@ from empo2_jax.rl.losses import LossConfig, apply_low_prob_mask, policy_loss
 from empo2_jax.rl.packing import packed_response_logprobs
 
 MASTER_DTYPE = "float32"
-# Batch keys of some methods (rl/batch.py): per-token sampling temperatures [B, T, R] (SGE; 0 =
-# the training temperature) and the HeRL hindsight-sample flag [B, T].
-OPTIONAL_KEYS = ("token_temperature", "he_mask")
+# The batch's optional per-turn inputs (rl/batch.py; present when some turn has them): each
+# response token's sampling temperature [B, T, R] (0: UpdateConfig.temperature), read by the
+# log-probs as 1/T per token, and the policy-shaping constant [B, T] (0: the clipped surrogate),
+# read by the loss (rl/losses.policy_loss, shaping_gamma_br).
+OPTIONAL_KEYS = ("token_temperature", "shaping_gamma")
 OLD_LOGPROBS = ("recompute", "sampler")
 # The largest |sampler_logp - recomputed old_logp| (nats, over real response tokens) accepted
 # when the update takes the sampler's log-probs as old log-probs: measured 3.1e-5 on
@@ -283,9 +285,9 @@ def make_update_fn(
       True,
       token_temp=d.get("token_temperature"),
     )
-    he = d.get("he_mask")
-    if he is not None:  # [mb, T] -> [mb, T, R]
-      he = jnp.broadcast_to(he[..., None], logp.shape)
+    gamma = d.get("shaping_gamma")
+    if gamma is not None:  # [mb, T] -> [mb, T, R]
+      gamma = jnp.broadcast_to(gamma[..., None], logp.shape)
     flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])  # noqa: E731  turns
     real = d["resp_mask"] > 0  # every real response token (the low-prob mask not applied)
     diff = jnp.where(real, jnp.abs(jax.lax.stop_gradient(logp) - d["old_logp"]), 0.0)
@@ -302,9 +304,9 @@ def make_update_fn(
       lcfg,
       entropy_br=flat(ent),
       ref_logp_br=flat(d.get("ref_logp")),
+      shaping_gamma_br=flat(gamma),
       token_denom=token_denom,
       seq_denom=seq_denom,
-      he_mask_br=flat(he),
     )
     return loss, {**met, **diff_met}
 

@@ -34,7 +34,6 @@ def update_config(c) -> update_lib.UpdateConfig:
       entropy_coef=c.loss.entropy_coef,
       low_prob_mask=c.loss.low_prob_mask,
       low_prob_delta=c.loss.low_prob_delta,
-      he_gamma=c.herl.gamma_s,
     ),
   )
 
@@ -73,11 +72,12 @@ def old_logprobs_from_sampler(mode: str, ratio_variant: str, batch: dict) -> boo
   """Whether this iteration's batch may use its sampler_logp as old log-probs (the update built
   with old_logprobs="sampler"): the old view of every turn is the prompt the sampler saw (modes
   'on', 'on_tips'; 'off' only with ratio_variant 'release', whose old view keeps the tips; the
-  paper's off-policy old view is tip-free, a prompt never sampled) and no turn carries per-token
-  temperatures or a HeRL hindsight flag."""
+  paper's off-policy old view is tip-free, a prompt never sampled) and the batch has none of the
+  update's optional inputs (rl/update.OPTIONAL_KEYS: tokens sampled at another temperature, or
+  under another policy)."""
   if batch_lib.views_for(mode, ratio_variant)[1] != "tips":
     return False
-  return "token_temperature" not in batch and "he_mask" not in batch
+  return not any(k in batch for k in update_lib.OPTIONAL_KEYS)
 
 
 def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
