@@ -1,6 +1,6 @@
-"""Behaviour pin: the tiny config's metrics over its 3 iterations (seed 0 draws on_tips, on, off:
-every mode once; evaluations after iterations 2 and 3) equal the values recorded before the
-architecture refactor of issue 32 (tests/data/tiny_metrics_pin.json, recorded at commit ff7df92).
+"""Behaviour pin: the tiny config's metrics over 3 iterations (seed 0 draws on_tips, on, off: every
+mode once) and an evaluation after the last (without and with memory) equal the values recorded
+before the architecture refactor of issue 32 (tests/data/tiny_metrics_pin.json, recorded at commit ff7df92).
 
 A refactor that changes what the trainer computes moves some of these numbers: the rollout's
 returns and token counts, the tips written and retrieved, the advantages, the loss, the gradient
@@ -43,7 +43,11 @@ def tiny_metrics(workdir: str) -> list[dict]:
   from configs import sciworld
   from empo2_jax.train.trainer import Trainer
 
-  trainer = Trainer(sciworld.get_config("tiny"), workdir, progress=False)
+  config = sciworld.get_config("tiny")
+  config.train.iterations = 3
+  config.train.eval_at_end = True
+  config.train.eval_with_memory = True
+  trainer = Trainer(config, workdir, progress=False)
   return [pinned(m) for m in trainer.run()]  # run() closes the trainer
 
 
