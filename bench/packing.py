@@ -17,6 +17,8 @@ micro-batch); the second call is timed. Lines:
   packing update_s packed=<s> turn=<s> ratio=<turn/packed>
 """
 
+import dataclasses
+
 from _common import model_flags, parser, result, seconds_per_call, smollm2
 
 
@@ -89,9 +91,9 @@ def main():
   from empo2_jax.model import gguf
   from empo2_jax.model.tokenizer import load_tokenizer
   from empo2_jax.rl import advantages as adv_lib
-  from empo2_jax.rl.batch import BatchConfig, build_batch, build_packed_batch
-  from empo2_jax.rl.losses import LossConfig
-  from empo2_jax.rl.update import UpdateConfig
+  from empo2_jax.defaults import get_config
+  from empo2_jax.rl.batch import build_batch, build_packed_batch
+  from empo2_jax.train import settings
 
   config, params = smollm2(args.layers)
   params = jax.tree.map(jnp.asarray, params)
@@ -100,12 +102,17 @@ def main():
   adv = adv_lib.grpo_step_advantages(
     [t.group_id for t in turns], [t.episode_return for t in turns], [0.0] * len(turns)
   )
-  bcfg = BatchConfig(max_prompt_len=8192, response_len=32, row_multiple=1, pad_id=tok.pad_token_id)
-  ucfg = UpdateConfig(
+  c = get_config()  # the base config's settings, with the measurement's own
+  bcfg = dataclasses.replace(
+    settings.batch_config(c, tok.pad_token_id), max_prompt_len=8192, response_len=32, micro_rows=1
+  )
+  ucfg = settings.update_config(c)
+  ucfg = dataclasses.replace(
+    ucfg,
     minibatch_size=len(turns),
     micro_rows=1,
-    learning_rate=1e-6,
-    loss=LossConfig(low_prob_mask=False),
+    lr=1e-6,
+    loss=dataclasses.replace(ucfg.loss, low_prob_mask=False),
   )
   per_turn, s_turn = build_batch(turns, adv, tok, bcfg)
   packed, s_pack = build_packed_batch(turns, adv, tok, bcfg)

@@ -12,6 +12,7 @@ log-softmax of the response positions, the same on-policy surrogate, backward, c
 Last line: `train_step tokens_per_s ours=<a> torch=<b> ratio=<a/b>` (tokens = batch x length).
 """
 
+import dataclasses
 import tempfile
 
 import numpy as np
@@ -40,13 +41,15 @@ def time_ours(path, batch, iters):
   import jax.numpy as jnp
 
   from empo2_jax.model import hf
-  from empo2_jax.rl.losses import LossConfig
-  from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
+  from empo2_jax.defaults import get_config
+  from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
+  from empo2_jax.train import settings
 
   config, params = hf.load_checkpoint(path)
   rows = batch["advantages"].shape[0]
-  cfg = UpdateConfig(
-    learning_rate=1e-6, micro_rows=rows, loss=LossConfig(low_prob_mask=False)
+  cfg = settings.update_config(get_config())  # the base config's, with the measurement's own
+  cfg = dataclasses.replace(
+    cfg, lr=1e-6, micro_rows=rows, loss=dataclasses.replace(cfg.loss, low_prob_mask=False)
   )  # random model: every token is rare
   opt = make_optimizer(cfg)
   state = init_train_state(jax.device_put(params), opt)

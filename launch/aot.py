@@ -21,6 +21,7 @@ import importlib.util  # noqa: E402
 
 from empo2_jax.parallel import aot  # noqa: E402
 from empo2_jax import cli  # noqa: E402
+from empo2_jax.train import settings  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,16 +32,25 @@ for _module in PROGRAM_MODULES:
 
 
 def base_config():
-  """The base config (empo2_jax/defaults.py): the dtypes, remat and mesh training uses by
-  default."""
+  """The base config (empo2_jax/defaults.py): the dtypes, remat, mesh, mini-batches and update
+  settings training uses by default."""
   from empo2_jax import defaults
 
   return defaults.get_config()
 
 
+def default_microbatches(c, program: str) -> int:
+  """Gradient-accumulation steps of one mini-batch: optim.minibatch_size // optim.micro_rows for
+  the programs that accumulate gradients (train_step, lm_train_step), else 1."""
+  if program not in aot.MICROBATCHED:
+    return 1
+  return max(1, c.optim.minibatch_size // c.optim.micro_rows)
+
+
 def main(argv=None) -> int:
   c = base_config()
   mesh = ",".join(f"{k}={v}" for k, v in c.mesh.items())
+  microbatches = default_microbatches(c, "train_step")
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--program", required=True, help=f"one of {sorted(aot.PROGRAMS)}")
   p.add_argument("--preset", required=True, help="model preset, e.g. 0.5b, 7b, tiny")
@@ -64,7 +74,13 @@ def main(argv=None) -> int:
     default=c.model.compute_dtype,
     help=f"matmul dtype; default {c.model.compute_dtype} (configs/base.py)",
   )
-  p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation steps")
+  p.add_argument(
+    "--microbatches",
+    type=int,
+    default=None,
+    help=f"gradient-accumulation steps of train_step / lm_train_step; default {microbatches} "
+    "(optim.minibatch_size // optim.micro_rows of configs/base.py); 1 for the other programs",
+  )
   p.add_argument("--loss_chunk", type=int, default=512, help="tokens per vocab-projection chunk")
   p.add_argument("--hbm_gib", type=float, default=None, help="override the chip's HBM (what-if)")
   p.add_argument(
@@ -83,7 +99,10 @@ def main(argv=None) -> int:
     remat=a.remat,
     param_dtype=a.param_dtype,
     compute_dtype=a.compute_dtype,
-    num_microbatches=a.microbatches,
+    num_microbatches=(
+      a.microbatches if a.microbatches is not None else default_microbatches(c, a.program)
+    ),
+    update=settings.update_config(c),  # train_step: mini-batches of optim.minibatch_size
     loss_chunk=a.loss_chunk,
     hbm_gib=a.hbm_gib,
     cost_probe=not a.no_cost_probe,

@@ -16,6 +16,7 @@ from empo2_jax.memory.store import MemoryStore
 from empo2_jax.rl import update as update_lib
 from empo2_jax.train import checkpoint as ckpt_lib
 from configs import sciworld
+from tests.rl_settings import update_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ class FakeTrainer:
       "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
       "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
     }
-    opt = update_lib.make_optimizer(update_lib.UpdateConfig())
+    opt = update_lib.make_optimizer(update_config())
     self.state = update_lib.init_train_state(params, opt)
     self.state = self.state._replace(step=jnp.asarray(seed, jnp.int32))
     self.rng = jax.random.PRNGKey(seed)

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.explore import herl
-from empo2_jax.rl.losses import LossConfig, policy_loss, shaped_ratio
+from empo2_jax.rl.losses import policy_loss, shaped_ratio
+from tests.rl_settings import batch_config, loss_config
 
 GOALS = """Completed keys:
 ----------------------------------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def test_policy_loss_he_tokens_use_the_weight_without_clipping():
   adv = np.array([1.0, -1.0, 2.0, -0.5], np.float32)
   mask = np.ones((B, R), np.float32)
   he = np.array([[1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0]], np.float32)
-  cfg = LossConfig(low_prob_mask=False, dual_clip_c=None)
+  cfg = loss_config(low_prob_mask=False, dual_clip=None)
   loss, met = policy_loss(
     jnp.asarray(logp),
     jnp.asarray(old),
@@ -122,7 +123,7 @@ def test_policy_loss_he_tokens_use_the_weight_without_clipping():
 def test_batches_carry_shaping_gamma_and_token_temperatures():
   """rl/batch.py: shaping_gamma and token_temperature follow the turns into both layouts."""
   from empo2_jax.model.tokenizer import load_tokenizer
-  from empo2_jax.rl.batch import BatchConfig, Turn, build_batch, build_packed_batch
+  from empo2_jax.rl.batch import Turn, build_batch, build_packed_batch
 
   tok = load_tokenizer(None)
   turns = []
@@ -147,7 +148,7 @@ def test_batches_carry_shaping_gamma_and_token_temperatures():
         )
       )
       msgs += [{"role": "assistant", "content": f" move {s}"}, {"role": "user", "content": "ok"}]
-  cfg = BatchConfig(response_len=8, pad_id=tok.pad_token_id, row_multiple=2)
+  cfg = batch_config(response_len=8, pad_id=tok.pad_token_id, micro_rows=2)
   flat, _ = build_batch(turns, np.zeros(4), tok, cfg)
   for row, i in enumerate(flat["sample_index"][:4]):
     n = len(turns[i].response_ids)

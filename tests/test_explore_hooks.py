@@ -35,6 +35,21 @@ def _episode(gid, rid, score, success=False, steps=2, response="look"):
   return e
 
 
+def test_method_settings_are_the_config_sections_by_name():
+  """explore/config builds HeRL's, SGE's and RND's settings from their sections by name; the
+  dataclasses' defaults are those sections' defaults (explore/config.HERL, SGE, RND)."""
+  from empo2_jax.explore import config as xcfg
+  from empo2_jax.explore import rnd
+
+  c = _config(**{"herl.gamma_s": 0.1, "sge.reflect_history": 5, "rnd.hidden": 64})
+  assert xcfg.herl_config(c) == herl.HeRLConfig(gamma_s=0.1)
+  assert xcfg.sge_config(c) == sge.SGEConfig(reflect_history=5)
+  assert xcfg.rnd_config(c) == rnd.RNDConfig(scale=c.empo2.intrinsic_scale, seed=c.seed, hidden=64)
+  base = get_config()
+  assert xcfg.herl_config(base) == herl.HeRLConfig()
+  assert xcfg.sge_config(base) == sge.SGEConfig()
+
+
 def test_env_text_per_method():
   assert Explorer(_config()).env_text("<strategy> x </strategy> go") == (
     "<strategy> x </strategy> go"

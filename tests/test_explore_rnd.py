@@ -57,7 +57,9 @@ def test_minmax_range_and_constant_batch():
 
 def test_reward_equals_numpy_reference():
   """Raw error = mean squared difference of the two numpy MLPs on the normalised embedding."""
-  cfg = rnd.RNDConfig(input_dim=8, hidden=16, out=4, normalise="none", row_bucket=4)
+  cfg = rnd.RNDConfig(
+    scale=1.0, seed=0, input_dim=8, hidden=16, out=4, normalise="none", row_bucket=4
+  )
   model = rnd.RND(cfg, encoder=None)
   x = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
   s0 = model.state
@@ -80,15 +82,22 @@ def test_reward_equals_numpy_reference():
 def test_minmax_and_std_normalisers_vs_numpy():
   x = np.random.default_rng(3).normal(size=(6, 8)).astype(np.float32)
   ep, steps = ["a", "a", "a", "b", "b", "b"], [0, 1, 2, 0, 1, 2]
-  raw = rnd.RND(rnd.RNDConfig(input_dim=8, hidden=16, out=4, normalise="none"), None)
+  raw = rnd.RND(
+    rnd.RNDConfig(scale=1.0, seed=0, input_dim=8, hidden=16, out=4, normalise="none"), None
+  )
   want_raw = raw.rewards_from_embeddings(x, ep, steps).astype(np.float64)
 
-  mm = rnd.RND(rnd.RNDConfig(input_dim=8, hidden=16, out=4, normalise="minmax", scale=2.0), None)
+  mm = rnd.RND(
+    rnd.RNDConfig(scale=2.0, seed=0, input_dim=8, hidden=16, out=4, normalise="minmax"), None
+  )
   got = mm.rewards_from_embeddings(x, ep, steps)
   lo, hi = want_raw.min(), want_raw.max()
   np.testing.assert_allclose(got, 2.0 * (want_raw - lo) / (hi - lo), rtol=1e-4, atol=1e-6)
 
-  sd = rnd.RND(rnd.RNDConfig(input_dim=8, hidden=16, out=4, normalise="std", gamma=0.9), None)
+  sd = rnd.RND(
+    rnd.RNDConfig(scale=1.0, seed=0, input_dim=8, hidden=16, out=4, normalise="std", gamma=0.9),
+    None,
+  )
   got = sd.rewards_from_embeddings(x, ep, steps)
   ret = []
   for e in ("a", "b"):
@@ -101,7 +110,7 @@ def test_minmax_and_std_normalisers_vs_numpy():
 
 
 def test_predictor_training_lowers_error_on_repeated_states():
-  cfg = rnd.RNDConfig(input_dim=16, hidden=32, out=8, lr=1e-2, normalise="none")
+  cfg = rnd.RNDConfig(scale=1.0, seed=0, input_dim=16, hidden=32, out=8, lr=1e-2, normalise="none")
   model = rnd.RND(cfg, None)
   rng = np.random.default_rng(4)
   seen = rng.normal(size=(8, 16)).astype(np.float32)
@@ -117,7 +126,7 @@ def test_predictor_training_lowers_error_on_repeated_states():
 
 def test_config_errors_name_valid_values():
   with pytest.raises(ValueError, match="minmax, std, none"):
-    rnd.RNDConfig(normalise="max")
+    rnd.RNDConfig(scale=1.0, seed=0, normalise="max")
 
 
 @pytest.mark.slow
@@ -126,7 +135,7 @@ def test_rewards_with_the_minilm_encoder():
   from empo2_jax.model.encoder import Encoder
 
   enc = Encoder.load()
-  model = rnd.RND(rnd.RNDConfig(normalise="none"), enc)
+  model = rnd.RND(rnd.RNDConfig(scale=1.0, seed=0, normalise="none"), enc)
   assert model.cfg.input_dim == enc.dim
   texts = ["You are at (0, 0).", "You are at (0, 0).", "A hole is below you."]
   r = model.rewards(texts, [0, 1, 2], [0, 0, 0])

@@ -197,8 +197,8 @@ def test_update_old_logprob_uses_each_tokens_temperature():
   """The update's old log-prob (the ratio's denominator) equals numpy's log softmax(logits / T)
   at the sampled token for per-token temperatures: sampler_logp is set to that reference, so
   the update's sampler-vs-old difference is ~0; without token temperatures it is not."""
-  from empo2_jax.rl.losses import LossConfig
-  from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
+  from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
+  from tests.rl_settings import loss_config, update_config
 
   params = llama.init_params(MODEL, jax.random.PRNGKey(3))
   rng = np.random.default_rng(4)
@@ -219,8 +219,8 @@ def test_update_old_logprob_uses_each_tokens_temperature():
     # and a policy-shaping constant on one of the four turns: it reaches the loss
     "shaping_gamma": np.array([0.0, 1.0, 0.0, 0.0], np.float32),
   }
-  cfg = UpdateConfig(
-    learning_rate=1e-3, minibatch_size=4, micro_rows=2, loss=LossConfig(low_prob_mask=False)
+  cfg = update_config(
+    lr=1e-3, minibatch_size=4, micro_rows=2, loss=loss_config(low_prob_mask=False)
   )
   opt = make_optimizer(cfg)
   update = make_update_fn(MODEL, cfg, opt, donate=False)

@@ -20,17 +20,16 @@ from configs import sciworld
 from empo2_jax.model import llama
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl import batch as batch_lib
-from empo2_jax.rl.losses import LossConfig
 from empo2_jax.rl.packing import packed_response_logprobs
 from empo2_jax.rl.update import (
   SAMPLER_LOGP_TOL,
-  UpdateConfig,
   as_packed,
   init_train_state,
   make_update_fn,
   sample_logprobs_fn,
 )
 from empo2_jax.train import settings
+from tests.rl_settings import batch_config, loss_config, update_config
 
 MEASURED_MAX_ABSDIFF = 3.1e-5  # the SmolLM2 measurement above (nats)
 
@@ -109,7 +108,7 @@ def test_sampler_logprobs_match_recompute_on_smollm2():
           {"role": "assistant", "content": text},
           {"role": "user", "content": replies[k]},
         ]
-  cfg = batch_lib.BatchConfig(max_prompt_len=2000, response_len=R, pad_id=0, row_multiple=1)
+  cfg = batch_config(max_prompt_len=2000, response_len=R, pad_id=0, micro_rows=1)
   batch, stats = batch_lib.build_packed_batch(turns, np.zeros(len(turns)), tok, cfg)
   # packed: a turn whose re-tokenised chat does not extend its row starts a new one
   assert stats["n_samples"] == len(turns) and stats["packed_rows"] < len(turns)
@@ -135,7 +134,7 @@ def _on_policy_batch(params, seed=0, rows=8, P=10, R=4, noise=0.0):
     tok[b, P - p : P + r] = rng.integers(0, MODEL.vocab_size, p + r)
     attn[b, P - p : P + r] = 1
     mask[b, :r] = 1.0
-  lp = sample_logprobs_fn(MODEL, UpdateConfig(micro_rows=1))(params, tok, attn, R)
+  lp = sample_logprobs_fn(MODEL, update_config(micro_rows=1))(params, tok, attn, R)
   lp = np.asarray(lp) + rng.uniform(-noise, noise, (rows, R)).astype(np.float32)
   return {
     "cur_tokens": tok,
@@ -156,9 +155,9 @@ def test_update_with_sampler_logprobs_equals_recompute():
   params = llama.init_params(MODEL, jax.random.PRNGKey(0))
   batch = jax.tree.map(jnp.asarray, _on_policy_batch(params, noise=MEASURED_MAX_ABSDIFF))
   opt = optax.sgd(0.05)  # Adam would amplify the tiny differences of near-zero gradients
-  base = dict(minibatch_size=4, micro_rows=2, vocab_chunk=100, loss=LossConfig(low_prob_delta=-30))
-  rec_cfg = UpdateConfig(**base)
-  smp_cfg = UpdateConfig(**base, old_logprobs="sampler")
+  base = dict(minibatch_size=4, micro_rows=2, vocab_chunk=100, loss=loss_config(low_prob_delta=-30))
+  rec_cfg = update_config(**base)
+  smp_cfg = update_config(**base, old_logprobs="sampler")
   start = lambda: init_train_state(jax.tree.map(jnp.copy, params), opt)  # noqa: E731
 
   s_rec, m_rec = make_update_fn(MODEL, rec_cfg, opt, donate=False)(start(), batch)
@@ -192,7 +191,7 @@ def test_packed_batch_and_turn_batch_agree_in_sampler_mode():
   """as_packed: the turn layout's sampler_logp become [B, 1, R] and are used as they are."""
   params = llama.init_params(MODEL, jax.random.PRNGKey(1))
   batch = _on_policy_batch(params, seed=1)
-  cfg = UpdateConfig(minibatch_size=8, micro_rows=2, old_logprobs="sampler")
+  cfg = update_config(minibatch_size=8, micro_rows=2, old_logprobs="sampler")
   opt = optax.sgd(0.05)
   fn = make_update_fn(MODEL, cfg, opt, donate=False)
   a, ma = fn(init_train_state(params, opt), jax.tree.map(jnp.asarray, batch))

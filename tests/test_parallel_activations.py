@@ -31,11 +31,12 @@ SCRIPT = textwrap.dedent("""
     from empo2_jax.parallel.mesh import make_mesh
     from empo2_jax.rl import update as U
     from empo2_jax.rl.aot import abstract_batch
+    from tests.rl_settings import update_config
 
     C = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=256, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=False)
     mesh = make_mesh("data=1,fsdp=8,tensor=1", jax.devices())
-    cfg = U.UpdateConfig(minibatch_size=16, micro_rows=16, vocab_chunk=512)
+    cfg = update_config(minibatch_size=16, micro_rows=16, vocab_chunk=512)
     opt = U.make_optimizer(cfg)
     init = lambda: U.init_train_state(llama.init_params(C, jax.random.key(0)), opt)
     state = shd.abstract_on_mesh(jax.eval_shape(init), mesh)

@@ -13,10 +13,16 @@ SCRIPT = textwrap.dedent("""
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from empo2_jax.defaults import get_config
     from empo2_jax.parallel import aot
+    from empo2_jax.train import settings
     import empo2_jax.rl.aot  # registers "train_step"
+    c = get_config()  # the base config's mesh, remat, dtypes and update settings
+    BASE = dict(mesh=",".join(f"{k}={v}" for k, v in c.mesh.items()), remat=c.model.remat,
+                param_dtype=c.model.param_dtype, compute_dtype=c.model.compute_dtype,
+                update=settings.update_config(c))
     req = aot.AotRequest(program="train_step", preset="tiny", topology="v5p:2x2x1", batch=8,
-                         seq=96, num_microbatches=2, cost_probe=True)
+                         seq=96, num_microbatches=2, cost_probe=True, **BASE)
     r = aot.compile_program(req)
     print(aot.format_report(r, req))
     print("RESULT", r["fits"], r["per_chip_gib"], r["compiler_flops"], r["model_flops"],
@@ -26,7 +32,7 @@ SCRIPT = textwrap.dedent("""
     per_chip = []
     for batch in (128, 256):
         req = aot.AotRequest(program="train_step", preset="tiny", topology="v5p:2x2x1",
-                             batch=batch, seq=96, num_microbatches=32, cost_probe=False)
+                             batch=batch, seq=96, num_microbatches=32, cost_probe=False, **BASE)
         r = aot.compile_program(req)
         print(aot.format_report(r, req))
         per_chip.append(r["per_chip_gib"])

@@ -5,8 +5,8 @@ import pytest
 
 from empo2_jax.model.tokenizer import load_tokenizer
 from empo2_jax.rl import advantages as adv_lib
+from tests.rl_settings import batch_config
 from empo2_jax.rl.batch import (
-  BatchConfig,
   Turn,
   bucket_size,
   build_batch,
@@ -75,7 +75,7 @@ def test_views_table():
   with pytest.raises(ValueError, match="mode"):
     views_for("offline", "paper")
   with pytest.raises(ValueError, match="ratio_variant"):
-    BatchConfig(ratio_variant="new")
+    batch_config(ratio_variant="new")
 
 
 @pytest.mark.parametrize("variant", ["paper", "release"])
@@ -87,8 +87,8 @@ def test_build_batch_views_and_layout(tok, variant):
     make_turn(tok, 3, "off", n_resp=2),
   ]
   adv = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
-  cfg = BatchConfig(
-    max_prompt_len=512, response_len=8, ratio_variant=variant, prompt_multiple=16, row_multiple=4
+  cfg = batch_config(
+    max_prompt_len=512, response_len=8, ratio_variant=variant, prompt_multiple=16, micro_rows=4
   )
   batch, stats = build_batch(turns, adv, tok, cfg)
   rows, L = batch["cur_tokens"].shape
@@ -130,7 +130,7 @@ def test_long_samples_dropped_and_rows_padded(tok):
   long_prompt = make_turn(tok, 2, "off")
   long_prompt.messages[-1]["content"] += " word" * 300
   turns = [short, long_resp, long_prompt, make_turn(tok, 3, "on")]
-  cfg = BatchConfig(max_prompt_len=200, response_len=4, prompt_multiple=32, row_multiple=8)
+  cfg = batch_config(max_prompt_len=200, response_len=4, prompt_multiple=32, micro_rows=8)
   batch, stats = build_batch(turns, np.arange(4, dtype=np.float32), tok, cfg)
   assert stats["n_dropped_response"] == 1 and stats["n_dropped_prompt"] == 1
   assert stats["n_samples"] == 2 and stats["rows"] == 8
@@ -174,10 +174,10 @@ def test_prompt_len_check_tip_free_measures_only_the_tip_free_view(tok):
 
   assert len(full(turns[0], "tips")) > 200 > len(full(turns[0], "notips"))
   for variant in ("paper", "release"):
-    both = BatchConfig(
+    both = batch_config(
       max_prompt_len=200, response_len=4, prompt_multiple=32, ratio_variant=variant
     )
-    tip_free = BatchConfig(
+    tip_free = batch_config(
       max_prompt_len=200,
       response_len=4,
       prompt_multiple=32,
@@ -197,7 +197,7 @@ def test_prompt_len_check_tip_free_measures_only_the_tip_free_view(tok):
     np.testing.assert_array_equal(batch["cur_tokens"][0, p_len - len(ids) : p_len], ids)
     assert batch["cur_attn"][0, : p_len - len(ids)].sum() == 0
   with pytest.raises(ValueError, match="prompt_len_check"):
-    BatchConfig(prompt_len_check="tips")
+    batch_config(prompt_len_check="tips")
 
 
 def test_bucket_sizes_are_few_and_tight():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from empo2_jax.rl import losses
-from empo2_jax.rl.losses import LossConfig
+from tests.rl_settings import loss_config
 
 
 def ref_token_loss(logp, old, adv, eps_lo, eps_hi, c):
@@ -28,7 +28,7 @@ def ref_loss(logp, old, adv_b, mask, cfg, ref=None, ent=None):
     for t in range(R):
       if mask[b, t]:
         tok[b, t], ratios[b, t] = ref_token_loss(
-          logp[b, t], old[b, t], adv_b[b], cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c
+          logp[b, t], old[b, t], adv_b[b], cfg.eps_low, cfg.eps_high, cfg.dual_clip
         )
 
   def agg(x):
@@ -39,7 +39,7 @@ def ref_loss(logp, old, adv_b, mask, cfg, ref=None, ent=None):
 
   total = agg(tok)
   if ref is not None:
-    if cfg.kl_type == "k1":
+    if cfg.kl_estimator == "k1":
       kl = logp - ref
     else:
       d = ref - logp
@@ -63,7 +63,7 @@ def make_inputs(seed, B=6, R=7, spread=2.0):
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
 @pytest.mark.parametrize("dual", [10.0, None])
 def test_policy_loss_matches_reference(agg, dual):
-  cfg = LossConfig(agg=agg, dual_clip_c=dual)
+  cfg = loss_config(agg=agg, dual_clip=dual)
   logp, old, adv, mask = make_inputs(0)
   want, ratios = ref_loss(logp, old, adv, mask, cfg)
   m = mask > 0
@@ -88,7 +88,7 @@ def test_policy_loss_matches_reference(agg, dual):
 
 
 def test_loss_gradient_matches_finite_difference_per_branch():
-  cfg = LossConfig()
+  cfg = loss_config()
   # one token per sample, one per branch: unclipped, clipped high, clipped low, dual clip
   old = np.log(np.array([[1.0], [1.0], [1.0], [1.0]]))
   ratio = np.array([[1.1], [2.0], [0.5], [20.0]])
@@ -110,7 +110,7 @@ def test_loss_gradient_matches_finite_difference_per_branch():
 
 @pytest.mark.parametrize("kl_type", ["k1", "low_var_kl"])
 def test_kl_and_entropy_terms(kl_type):
-  cfg = LossConfig(kl_coef=0.01, kl_type=kl_type, entropy_coef=0.003)
+  cfg = loss_config(kl_coef=0.01, kl_estimator=kl_type, entropy_coef=0.003)
   logp, old, adv, mask = make_inputs(1)
   rng = np.random.default_rng(2)
   ref = logp + rng.normal(0, 3.0, logp.shape)  # some low_var_kl values hit the clamp at 10
@@ -135,21 +135,21 @@ def test_low_prob_mask_matches_reference():
   mask = (rng.random((B, R)) < 0.7).astype(np.float32)
   mask[1] = 0
   old[2, 0], mask[2, 0] = -30.0, 0.0  # a very low log-prob on a padded token must not count
-  cfg = LossConfig(low_prob_delta=-5.0)
+  cfg = loss_config(low_prob_delta=-5.0)
   keep = np.array([not (mask[b].sum() > 0 and old[b][mask[b] > 0].min() < -5.0) for b in range(B)])
   new_mask, masked = losses.apply_low_prob_mask(jnp.asarray(mask), jnp.asarray(old), cfg)
   np.testing.assert_array_equal(np.asarray(new_mask), mask * keep[:, None])
   np.testing.assert_array_equal(np.asarray(masked), (~keep) & (mask.sum(1) > 0))
   assert 0 < (~keep).sum() < B
   off, masked_off = losses.apply_low_prob_mask(
-    jnp.asarray(mask), jnp.asarray(old), LossConfig(low_prob_mask=False)
+    jnp.asarray(mask), jnp.asarray(old), loss_config(low_prob_mask=False)
   )
   np.testing.assert_array_equal(np.asarray(off), mask)
   assert not np.any(np.asarray(masked_off))
 
 
 def test_extreme_inputs_finite_and_masked_samples_zero_grad():
-  cfg = LossConfig(kl_coef=0.01, entropy_coef=0.01)
+  cfg = loss_config(kl_coef=0.01, entropy_coef=0.01)
   B, R = 4, 6
   rng = np.random.default_rng(4)
   logp = jnp.asarray(rng.normal(-1, 0.5, (B, R)), jnp.float32)
@@ -163,7 +163,7 @@ def test_extreme_inputs_finite_and_masked_samples_zero_grad():
   ent = jnp.ones((B, R))
 
   def f(lp, delta):
-    c = LossConfig(kl_coef=0.01, entropy_coef=0.01, low_prob_delta=delta)
+    c = loss_config(kl_coef=0.01, entropy_coef=0.01, low_prob_delta=delta)
     m, _ = losses.apply_low_prob_mask(jnp.asarray(mask), jnp.asarray(old), c)
     # masked positions hold garbage in the current log-probs: must not leak
     lp = jnp.where(m > 0, lp, jnp.nan)
@@ -178,7 +178,7 @@ def test_extreme_inputs_finite_and_masked_samples_zero_grad():
 
 
 def test_denominators_make_microbatches_add_up():
-  cfg = LossConfig()
+  cfg = loss_config()
   logp, old, adv, mask = (jnp.asarray(x, jnp.float32) for x in make_inputs(5, B=8))
   full, met_full = losses.policy_loss(logp, old, adv, mask, cfg)
   parts = [
@@ -195,6 +195,6 @@ def test_denominators_make_microbatches_add_up():
 
 def test_bad_config_is_rejected():
   with pytest.raises(ValueError, match="agg"):
-    LossConfig(agg="sum")
-  with pytest.raises(ValueError, match="dual_clip_c"):
-    LossConfig(dual_clip_c=0.5)
+    loss_config(agg="sum")
+  with pytest.raises(ValueError, match="dual_clip"):
+    loss_config(dual_clip=0.5)

@@ -8,14 +8,13 @@ import pytest
 
 from empo2_jax.model import llama
 from empo2_jax.rl import minibatch
-from empo2_jax.rl.losses import LossConfig
 from empo2_jax.rl.update import (
-  UpdateConfig,
   init_train_state,
   make_optimizer,
   make_update_fn,
   sample_logprobs_fn,
 )
+from tests.rl_settings import loss_config, update_config
 from tests.test_rl_update import MODEL, P, R, full_logp, make_batch
 
 BF16_COMPUTE = MODEL.replace(compute_dtype="bfloat16")
@@ -52,9 +51,7 @@ def test_lr_1e6_step_moves_fp32_masters_but_not_bf16_storage():
   params = llama.init_params(BF16_COMPUTE, jax.random.PRNGKey(0))  # fp32 masters
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
   batch = jax.tree.map(jnp.asarray, pattern_batch(16))
-  cfg = UpdateConfig(
-    learning_rate=1e-6, micro_rows=8, vocab_chunk=128, loss=LossConfig(low_prob_mask=False)
-  )
+  cfg = update_config(lr=1e-6, micro_rows=8, vocab_chunk=128, loss=loss_config(low_prob_mask=False))
   state = init_train_state(jax.tree.map(jnp.copy, params), make_optimizer(cfg))
   assert all(
     x.dtype == jnp.float32
@@ -86,7 +83,7 @@ def test_fp32_masters_compute_in_bf16_with_fp32_gradients():
   params = llama.init_params(MODEL, jax.random.PRNGKey(1))
   b = make_batch(2)
   tok, attn = jnp.asarray(b["cur_tokens"]), jnp.asarray(b["cur_attn"])
-  cfg = UpdateConfig(micro_rows=8, vocab_chunk=128)
+  cfg = update_config(micro_rows=8, vocab_chunk=128)
   mixed = sample_logprobs_fn(BF16_COMPUTE, cfg)(params, tok, attn, R)
   cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   pure_bf16 = sample_logprobs_fn(BF16_COMPUTE.replace(param_dtype="bfloat16"), cfg)(
@@ -149,7 +146,7 @@ def test_plan_and_layout():
 
   batch = pattern_batch(300)
   batch["sample_index"][-5:] = -1  # build_batch's padding rows are dropped
-  cfg = UpdateConfig(minibatch_size=128, micro_rows=8)
+  cfg = update_config(minibatch_size=128, micro_rows=8)
   out, lay = minibatch.arrange(batch, cfg, seed=(0, 7))
   assert lay == {
     "num_minibatches": 3,
@@ -206,13 +203,13 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
   slot
   (padding rows add nothing; each step's denominator is its own token count)."""
   params = llama.init_params(MODEL, jax.random.PRNGKey(5))
-  cfg = UpdateConfig(
-    learning_rate=3e-2,
+  cfg = update_config(
+    lr=3e-2,
     minibatch_size=128,
     micro_rows=8,
     vocab_chunk=128,
-    adam_eps=1e-6,
-    loss=LossConfig(low_prob_mask=False),
+    eps=1e-6,
+    loss=loss_config(low_prob_mask=False),
   )
   batch, lay = minibatch.arrange(pattern_batch(300), cfg, seed=(0, 1))
   assert lay["num_minibatches"] == 3
@@ -225,7 +222,7 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
   assert float(met["ratio_max"]) > 1.3 and float(met["param_update_norm"]) > 0
 
   # One mini-batch for all 300 samples: a single step, the ratio is exactly 1, nothing clips.
-  one = UpdateConfig(**{**cfg.__dict__, "minibatch_size": 300})
+  one = update_config(**{**cfg.__dict__, "minibatch_size": 300})
   single, _ = minibatch.arrange(pattern_batch(300), one, seed=(0, 1))
   _, met1 = make_update_fn(MODEL, one, donate=False)(state0, jax.tree.map(jnp.asarray, single))
   assert int(met1["optim_steps"]) == 1
@@ -248,7 +245,7 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
 def test_update_compiles_once_per_bucket():
   """Different sample counts in the same bucket reuse one executable; padding slots are free."""
   params = llama.init_params(MODEL, jax.random.PRNGKey(6))
-  cfg = UpdateConfig(learning_rate=1e-3, minibatch_size=16, micro_rows=8, vocab_chunk=128)
+  cfg = update_config(lr=1e-3, minibatch_size=16, micro_rows=8, vocab_chunk=128)
   update = make_update_fn(MODEL, cfg, donate=False)
   state = init_train_state(params, make_optimizer(cfg))
   steps = {}
@@ -270,7 +267,7 @@ def test_packed_rows_split_by_turn_count_never_leave_an_empty_minibatch():
   for b, n in enumerate(counts):
     index[b, :n] = np.arange(n) + 10 * b
   batch = {"sample_index": index, "advantages": np.ones((8, 5), np.float32)}
-  cfg = UpdateConfig(minibatch_size=4, micro_rows=1)
+  cfg = update_config(minibatch_size=4, micro_rows=1)
   for seed in range(20):
     out, lay = minibatch.arrange(batch, cfg, seed=seed)
     k = lay["num_minibatches"]
@@ -289,7 +286,7 @@ def test_packed_slots_are_powers_of_two_so_row_counts_share_one_shape():
       index = np.full((rows, 2), -1, np.int32)
       index[:, 0] = np.arange(rows)  # one turn a row
       batch = {"sample_index": index, "advantages": np.ones((rows, 2), np.float32)}
-      cfg = UpdateConfig(minibatch_size=rows, micro_rows=micro)  # one mini-batch of every row
+      cfg = update_config(minibatch_size=rows, micro_rows=micro)  # one mini-batch of every row
       out, lay = minibatch.arrange(batch, cfg, seed=rows)
       units = lay["slot_rows"] // micro
       assert lay["slot_rows"] % micro == 0 and units & (units - 1) == 0, (micro, rows, lay)

@@ -14,9 +14,9 @@ from empo2_jax.model import configs as model_configs
 from empo2_jax.model import llama
 from empo2_jax.model.tokenizer import IM_END_ID, load_tokenizer
 from empo2_jax.rl import minibatch
-from empo2_jax.rl.batch import BatchConfig, Turn, build_batch, build_packed_batch
-from empo2_jax.rl.losses import LossConfig
-from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
+from empo2_jax.rl.batch import Turn, build_batch, build_packed_batch
+from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
+from tests.rl_settings import batch_config, loss_config, update_config
 
 MATERIAL = PromptMaterial(
   task_description="Find a non-living thing and move it to the red box.",
@@ -98,11 +98,11 @@ def test_packed_update_equals_per_turn_update(tok, mode, variant):
   cfg, params = tiny()
   turns = make_turns(tok, mode)
   adv = np.random.default_rng(1).normal(size=len(turns)).astype(np.float32)
-  bcfg = BatchConfig(
+  bcfg = batch_config(
     max_prompt_len=2048,
     response_len=8,
     ratio_variant=variant,
-    row_multiple=2,
+    micro_rows=2,
     pad_id=tok.pad_token_id,
   )
   per_turn, s1 = build_batch(turns, adv, tok, bcfg)
@@ -110,11 +110,11 @@ def test_packed_update_equals_per_turn_update(tok, mode, variant):
   assert s2["packed_rows"] == 4 and s1["n_samples"] == s2["n_samples"] == len(turns)
   assert s2["tokens"] * 2 < s1["tokens"]  # history is carried once per episode
   # The random policy gives log-probs near -12; this delta masks some turns and not others.
-  loss = LossConfig(low_prob_delta=-12.2)
+  loss = loss_config(low_prob_delta=-12.2)
   # One optimizer step over all turns (the split differs between layouts by construction); a large
   # Adam eps makes the step linear in the gradient, so parameters compare gradients.
-  ucfg = UpdateConfig(
-    minibatch_size=64, micro_rows=2, learning_rate=1e-2, adam_eps=1.0, loss=loss, vocab_chunk=4096
+  ucfg = update_config(
+    minibatch_size=64, micro_rows=2, lr=1e-2, eps=1.0, loss=loss, vocab_chunk=4096
   )
   st1, m1 = run_update(cfg, params, per_turn, ucfg)
   st2, m2 = run_update(cfg, params, packed, ucfg)
@@ -144,8 +144,8 @@ def test_a_grown_update_shape_takes_the_same_steps(tok, layout):
   cfg, params = tiny()
   turns = make_turns(tok, "on")
   adv = np.random.default_rng(2).normal(size=len(turns)).astype(np.float32)
-  bcfg = BatchConfig(max_prompt_len=2048, response_len=8, row_multiple=2, pad_id=tok.pad_token_id)
-  ucfg = UpdateConfig(minibatch_size=4, micro_rows=2, learning_rate=1e-2, vocab_chunk=4096)
+  bcfg = batch_config(max_prompt_len=2048, response_len=8, micro_rows=2, pad_id=tok.pad_token_id)
+  ucfg = update_config(minibatch_size=4, micro_rows=2, lr=1e-2, vocab_chunk=4096)
   if layout == "packed":
     fit, _ = build_packed_batch(turns, adv, tok, bcfg)
     grown, _ = build_packed_batch(turns, adv, tok, bcfg, min_len=fit["cur_tokens"].shape[1] + 96,
@@ -181,11 +181,11 @@ def test_packed_minibatches_are_counted_in_turn_samples(tok):
   for r in range(8):
     turns += episode_turns(tok, r, r // 4, 5, "on", rng, ret=float(r))
   adv = rng.normal(size=len(turns)).astype(np.float32)
-  bcfg = BatchConfig(max_prompt_len=2048, response_len=8, row_multiple=1, pad_id=tok.pad_token_id)
+  bcfg = batch_config(max_prompt_len=2048, response_len=8, micro_rows=1, pad_id=tok.pad_token_id)
   packed, stats = build_packed_batch(turns, adv, tok, bcfg)
   assert stats["packed_rows"] == 8
-  ucfg = UpdateConfig(
-    minibatch_size=10, micro_rows=1, vocab_chunk=4096, loss=LossConfig(low_prob_mask=False)
+  ucfg = update_config(
+    minibatch_size=10, micro_rows=1, vocab_chunk=4096, loss=loss_config(low_prob_mask=False)
   )
   arranged, lay = minibatch.arrange(packed, ucfg, seed=(0, 3))
   assert lay["num_minibatches"] == 4 and lay["slot_rows"] == 2 and sorted(lay["sizes"]) == [2] * 4
@@ -201,7 +201,7 @@ def test_a_turn_whose_history_was_retokenised_differently_gets_its_own_row(tok):
     response_ids=tok(" look", add_special_tokens=False)["input_ids"] + [IM_END_ID],
     sampler_logprobs=[-1.0, -1.0],
   )
-  bcfg = BatchConfig(max_prompt_len=2048, response_len=8, row_multiple=1, pad_id=tok.pad_token_id)
+  bcfg = batch_config(max_prompt_len=2048, response_len=8, micro_rows=1, pad_id=tok.pad_token_id)
   packed, stats = build_packed_batch(turns, np.ones(3, np.float32), tok, bcfg)
   assert stats["packed_rows"] == 2
   assert packed["sample_index"][:2, :2].tolist() == [[0, -1], [1, 2]]

@@ -13,14 +13,13 @@ import pytest
 
 from empo2_jax.model import llama
 from empo2_jax.model.configs import LlamaConfig
-from empo2_jax.rl.losses import LossConfig
 from empo2_jax.rl.update import (
-  UpdateConfig,
   init_train_state,
   make_optimizer,
   make_update_fn,
   sample_logprobs_fn,
 )
+from tests.rl_settings import loss_config, update_config
 
 MODEL = LlamaConfig(
   vocab_size=512,
@@ -93,8 +92,8 @@ def reference_update(params, batch, cfg, n_minibatches, opt):
       m = jnp.asarray(mask[rows]) > 0
       a = jnp.asarray(batch["advantages"][rows])[:, None]
       r = jnp.exp(jnp.where(m, lp - old[rows], 0.0))
-      tok = jnp.maximum(-a * r, -a * jnp.clip(r, 1 - lc.clip_eps_low, 1 + lc.clip_eps_high))
-      tok = jnp.where(a < 0, jnp.minimum(tok, -a * lc.dual_clip_c), tok)
+      tok = jnp.maximum(-a * r, -a * jnp.clip(r, 1 - lc.eps_low, 1 + lc.eps_high))
+      tok = jnp.where(a < 0, jnp.minimum(tok, -a * lc.dual_clip), tok)
       return jnp.sum(jnp.where(m, tok, 0.0)) / jnp.maximum(m.sum(), 1)
 
     g = jax.jit(jax.grad(loss))(params)
@@ -111,12 +110,12 @@ def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
   old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
   min_old = np.where(batch["response_mask"] > 0, old, np.inf).min(1)
   delta = float(np.median(min_old[np.isfinite(min_old)]))  # masks about half of the samples
-  cfg = UpdateConfig(
-    learning_rate=1e-3,
+  cfg = update_config(
+    lr=1e-3,
     minibatch_size=B // n_minibatches,
     micro_rows=micro_rows,
     vocab_chunk=100,
-    loss=LossConfig(low_prob_delta=delta),
+    loss=loss_config(low_prob_delta=delta),
   )
   # SGD: Adam's g / (|g| + eps) would amplify float-rounding differences of near-zero gradients
   opt = optax.sgd(0.05)
@@ -157,9 +156,7 @@ def test_positive_advantage_raises_logprob():
   batch["advantages"] = np.zeros(B, np.float32)
   batch["advantages"][2] = 1.0
   batch["old_tokens"], batch["old_attn"] = batch["cur_tokens"], batch["cur_attn"]  # on-policy
-  cfg = UpdateConfig(
-    learning_rate=1e-3, micro_rows=4, vocab_chunk=128, loss=LossConfig(low_prob_mask=False)
-  )
+  cfg = update_config(lr=1e-3, micro_rows=4, vocab_chunk=128, loss=loss_config(low_prob_mask=False))
   logp = sample_logprobs_fn(MODEL, cfg)
   before = np.asarray(logp(params, batch["cur_tokens"], batch["cur_attn"], R))
   state = init_train_state(params, make_optimizer(cfg))
@@ -173,7 +170,7 @@ def test_positive_advantage_raises_logprob():
 def test_kl_needs_reference_and_bad_rows_rejected():
   params = llama.init_params(MODEL, jax.random.PRNGKey(2))
   batch = jax.tree.map(jnp.asarray, make_batch(4))
-  cfg = UpdateConfig(micro_rows=4, vocab_chunk=128, loss=LossConfig(kl_coef=0.01))
+  cfg = update_config(micro_rows=4, vocab_chunk=128, loss=loss_config(kl_coef=0.01))
   fn = make_update_fn(MODEL, cfg, donate=False)
   state = init_train_state(params, make_optimizer(cfg))
   with pytest.raises(ValueError, match="ref_params"):
@@ -181,9 +178,9 @@ def test_kl_needs_reference_and_bad_rows_rejected():
   _, met = fn(state, batch, params)  # reference == policy: KL starts at 0
   np.testing.assert_allclose(met["kl_ref"], 0.0, atol=1e-6)
   with pytest.raises(ValueError, match="multiple"):
-    make_update_fn(MODEL, UpdateConfig(micro_rows=3), donate=False)(state, batch)
+    make_update_fn(MODEL, update_config(micro_rows=3), donate=False)(state, batch)
   with pytest.raises(ValueError, match="slot"):  # 8 rows are not whole slots of 6
-    make_update_fn(MODEL, UpdateConfig(minibatch_size=6, micro_rows=2), donate=False)(state, batch)
+    make_update_fn(MODEL, update_config(minibatch_size=6, micro_rows=2), donate=False)(state, batch)
 
 
 SHARDED_SCRIPT = textwrap.dedent("""
@@ -191,11 +188,11 @@ SHARDED_SCRIPT = textwrap.dedent("""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as PS
     from tests.test_rl_update import MODEL, make_batch
     from empo2_jax.model import llama
-    from empo2_jax.rl.losses import LossConfig
-    from empo2_jax.rl.update import UpdateConfig, init_train_state, make_optimizer, make_update_fn
+    from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
+    from tests.rl_settings import loss_config, update_config
     assert jax.device_count() == 8, jax.devices()
-    cfg = UpdateConfig(learning_rate=1e-3, minibatch_size=16, micro_rows=8, vocab_chunk=100,
-                       adam_eps=1e-4, loss=LossConfig(low_prob_mask=False))
+    cfg = update_config(lr=1e-3, minibatch_size=16, micro_rows=8, vocab_chunk=100,
+                       eps=1e-4, loss=loss_config(low_prob_mask=False))
     batch = jax.tree.map(jnp.asarray, make_batch(7, rows=32))
     params = llama.init_params(MODEL, jax.random.PRNGKey(0))
     opt = make_optimizer(cfg)

@@ -95,14 +95,22 @@ def test_train_cli_errors_fast():
 
 
 def test_default_precision_and_minibatches():
-  """fp32 masters + bf16 compute, the paper's 128-sample mini-batches; launch/aot.py and the
-  update default to exactly these values."""
-  from empo2_jax.rl.update import UpdateConfig
+  """fp32 masters + bf16 compute, the paper's 128-sample mini-batches; the update's settings are
+  the config's by name, and launch/aot.py defaults to the same values (16 micro-batches of 8)."""
+  import dataclasses
+
+  from empo2_jax.train import settings
 
   c = sciworld.get_config()
   assert (c.model.param_dtype, c.model.compute_dtype) == ("float32", "bfloat16")
-  assert c.optim.minibatch_size == UpdateConfig.minibatch_size == 128
-  assert c.optim.lr == UpdateConfig.learning_rate and c.optim.epochs == 1
+  u = settings.update_config(c)
+  assert c.optim.minibatch_size == u.minibatch_size == 128
+  assert c.optim.lr == u.lr == 1e-6 and c.optim.epochs == u.epochs == 1
+  for key in ("lr", "weight_decay", "b1", "b2", "grad_clip", "minibatch_size", "micro_rows"):
+    assert getattr(u, key) == c.optim[key], key
+  assert dataclasses.asdict(u.loss) == c.loss.to_dict()
+  b = settings.batch_config(c, 0)
+  assert (b.max_prompt_len, b.prompt_len_check, b.micro_rows) == (8160, "both", 8)
   import importlib.util
 
   spec = importlib.util.spec_from_file_location(
@@ -116,6 +124,9 @@ def test_default_precision_and_minibatches():
     c.model.compute_dtype,
     c.model.remat,
   )
+  assert aot_cli.default_microbatches(base, "train_step") == 128 // 8 == 16
+  assert aot_cli.default_microbatches(base, "lm_train_step") == 16
+  assert aot_cli.default_microbatches(base, "forward") == 1
 
 
 @pytest.mark.parametrize(

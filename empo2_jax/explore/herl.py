@@ -39,13 +39,19 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from empo2_jax.explore import config as xcfg
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class HeRLConfig:
-  alpha: float = 0.05  # reward_shaping_alpha
-  gamma_s: float = 1.0  # he_shaping_gamma (IF: 1, medical: 0.1)
-  temperature: float = 0.3  # the guided re-rollout's sampling temperature
-  max_actions_shown: int = 12  # the failed attempt's last actions shown in the hindsight block
+  """The `herl` section by name (explore/config.herl_config); its defaults are the section's
+  (explore/config.HERL)."""
+
+  alpha: float = xcfg.HERL["alpha"]  # reward_shaping_alpha
+  gamma_s: float = xcfg.HERL["gamma_s"]  # he_shaping_gamma (IF: 1, medical: 0.1)
+  temperature: float = xcfg.HERL["temperature"]  # the guided re-rollout's sampling temperature
+  # the failed attempt's last actions shown in the hindsight block
+  max_actions_shown: int = xcfg.HERL["max_actions_shown"]
 
   def __post_init__(self):
     if self.gamma_s <= 0 or self.temperature < 0 or self.max_actions_shown < 0:

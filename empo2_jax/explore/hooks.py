@@ -1,7 +1,6 @@
 """The trainer's side of the exploration methods: one `Explorer` per run, built from the config.
 
-    explorer = Explorer(config, encoder=memory_encoder, score_out_of=prompts.score_out_of,
-                        tokenizer=tok, max_new_tokens=actor_settings.max_new_tokens)
+    explorer = Explorer(config, encoder=memory_encoder, score_out_of=prompts.score_out_of)
     notes = explorer.train_notes(specs, iteration)          # first-message notes per episode
     sampler = explorer.train_sampler()                       # the actor's per-step sampler or None
     episodes, metrics = explorer.after_rollout(trainer, episodes, iteration, mode, key)
@@ -41,41 +40,20 @@ def _score_text(score: float, out_of) -> str:
 
 
 class Explorer:
-  def __init__(self, c, *, encoder=None, score_out_of=100, tokenizer=None, max_new_tokens=32):
+  def __init__(self, c, *, encoder=None, score_out_of=100):
     xcfg.check(c)
     self.c = c
     self.group_size = int(c.rollout.group_size)
     self.score_out_of = score_out_of
-    self.tokenizer = tokenizer
-    self.max_new_tokens = int(max_new_tokens)
     self.kind = xcfg.intrinsic_kind(c)
     self.rnd = None
     if self.kind == "rnd":
       from empo2_jax.explore import rnd
 
-      cfg = rnd.RNDConfig(
-        hidden=c.rnd.hidden,
-        out=c.rnd.out,
-        lr=c.rnd.lr,
-        obs_clip=c.rnd.obs_clip,
-        normalise=c.rnd.normalise,
-        gamma=c.rnd.gamma,
-        scale=c.empo2.intrinsic_scale,
-        seed=c.seed,
-      )
-      self.rnd = rnd.RND(cfg, encoder)
+      self.rnd = rnd.RND(xcfg.rnd_config(c), encoder)
     self.sge = xcfg.sge_config(c) if c.sge.enabled else None
     self.book = sge.StrategyBook()
-    self.herl = (
-      herl.HeRLConfig(
-        alpha=c.herl.alpha,
-        gamma_s=c.herl.gamma_s,
-        temperature=c.herl.temperature,
-        max_actions_shown=c.herl.max_actions_shown,
-      )
-      if c.herl.enabled
-      else None
-    )
+    self.herl = xcfg.herl_config(c) if c.herl.enabled else None
     self._sge_counts = {"turns": 0, "closed": 0}
 
   # -- what the env reads of a response ---------------------------------------------------------

@@ -39,6 +39,8 @@ import numpy as np
 
 import jax
 
+from empo2_jax.explore import config as xcfg
+
 OPEN, CLOSE = "<strategy>", "</strategy>"
 STRATEGY_INSTRUCTION = (
   "Before each action, first write a short strategy for making progress (one or two sentences) "
@@ -47,14 +49,28 @@ STRATEGY_INSTRUCTION = (
 _SPAN = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
-@dataclasses.dataclass(frozen=True)
+def parse_temperatures(text: str) -> tuple:
+  """'1.0:0.5,1.3:0.25,1.6:0.25' (the config string) -> ((1.0, 0.5), (1.3, 0.25), (1.6, 0.25))."""
+  out = []
+  for part in text.split(","):
+    t, sep, share = part.strip().partition(":")
+    if not sep:
+      raise ValueError(f"sge.strategy_temperatures: {part!r} is not 'temperature:share'")
+    out.append((float(t), float(share)))
+  return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SGEConfig:
+  """The `sge` section (explore/config.SGE, its defaults), by name (explore/config.sge_config)."""
+
   # (temperature, share of the group) classes, in rollout order
-  strategy_temperatures: tuple = ((1.0, 0.5), (1.3, 0.25), (1.6, 0.25))
-  strategy_max_new_tokens: int = 32
-  reflect_share: float = 0.5
-  reflect_history: int = 3  # M: distinct earlier strategies shown
-  reflect_from_iteration: int = 1  # 0-based: the second iteration on
+  strategy_temperatures: tuple = parse_temperatures(xcfg.SGE["strategy_temperatures"])
+  strategy_max_new_tokens: int = xcfg.SGE["strategy_max_new_tokens"]
+  reflect_share: float = xcfg.SGE["reflect_share"]
+  reflect_history: int = xcfg.SGE["reflect_history"]  # M: distinct earlier strategies shown
+  # 0-based: the second iteration on
+  reflect_from_iteration: int = xcfg.SGE["reflect_from_iteration"]
 
   def __post_init__(self):
     shares = [s for _, s in self.strategy_temperatures]
@@ -69,17 +85,6 @@ class SGEConfig:
       )
     if self.strategy_max_new_tokens < 1:
       raise ValueError("sge.strategy_max_new_tokens must be >= 1")
-
-
-def parse_temperatures(text: str) -> tuple:
-  """'1.0:0.5,1.3:0.25,1.6:0.25' (the config string) -> ((1.0, 0.5), (1.3, 0.25), (1.6, 0.25))."""
-  out = []
-  for part in text.split(","):
-    t, sep, share = part.strip().partition(":")
-    if not sep:
-      raise ValueError(f"sge.strategy_temperatures: {part!r} is not 'temperature:share'")
-    out.append((float(t), float(share)))
-  return tuple(out)
 
 
 def group_temperatures(group_size: int, classes: Sequence) -> list[float]:

@@ -64,18 +64,24 @@ TOPOLOGY_EXAMPLES = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AotRequest:
+  """One compile. The training settings (mesh, remat, dtypes, micro-batches, the update's
+  settings) have no defaults here: launch/aot.py takes them from the config it loads."""
+
   program: str
   preset: str
   topology: str
   batch: int
   seq: int
-  mesh: str = "data=1,fsdp=-1,tensor=1"
-  remat: str = "full"
-  param_dtype: str = "float32"
-  compute_dtype: str = "bfloat16"
-  num_microbatches: int = 1
+  mesh: str  # "data=1,fsdp=-1,tensor=1" (config.mesh)
+  remat: str
+  param_dtype: str
+  compute_dtype: str
+  num_microbatches: int  # gradient-accumulation steps (train_step: of one mini-batch)
+  # train_step: the update's settings (rl/update.UpdateConfig; launch/aot.py passes
+  # train/settings.update_config of its config); None for the other programs.
+  update: Any = None
   loss_chunk: int = 512
   hbm_gib: float | None = None  # override the chip table (what-if / tests)
   cost_probe: bool = True  # compile the two small probes for flops / time / MFU
@@ -89,11 +95,15 @@ class Program(NamedTuple):
 
 
 PROGRAMS: dict[str, Callable[[LlamaConfig, Any, AotRequest], Program]] = {}
+# The programs that accumulate gradients over micro-batches (the others take num_microbatches=1).
+MICROBATCHED: set[str] = set()
 
 
-def register_program(name: str):
+def register_program(name: str, *, microbatched: bool = False):
   def deco(builder):
     PROGRAMS[name] = builder
+    if microbatched:
+      MICROBATCHED.add(name)
     return builder
 
   return deco
@@ -143,7 +153,7 @@ def _forward(config, mesh, req):
   return Program(make_sharded_forward(config, mesh), (params, tokens, mask), flops, floor)
 
 
-@register_program("lm_train_step")
+@register_program("lm_train_step", microbatched=True)
 def _lm_train_step(config, mesh, req):
   cfg = LMTrainConfig(num_microbatches=req.num_microbatches, loss_chunk=req.loss_chunk)
   state = shd.abstract_on_mesh(abstract_train_state(config, make_optimizer(cfg)), mesh)

@@ -6,15 +6,19 @@ Importing this module adds the program; `launch/aot.py` must import it to offer 
         --batch=128 --seq=4532 --microbatches=32
 
 The request's batch is the number of turn samples (rows) of one update call, seq the padded prompt +
-response length (the last RESPONSE_LEN columns are the response). The rows form batch /
-minibatch_size mini-batches of UpdateConfig's default minibatch_size (128, docs/method.md §1 item
-5), or one mini-batch when batch is smaller; microbatches is the gradient-accumulation steps of one
-mini-batch. Params (fp32 masters unless the request says otherwise: the update refuses other
-storage) and AdamW state are sharded by the LLAMA_RULES, rows over (data, fsdp). Memory hardly
-depends on the number of mini-batches (their rows are data, processed one at a time).
+response length (the last RESPONSE_LEN columns are the response), `update` the update's settings
+(launch/aot.py: those of its config). The rows form batch / minibatch_size mini-batches of the
+settings' minibatch_size (the config's: 128, docs/method.md §1 item 5), or one mini-batch when
+batch is smaller; microbatches is the gradient-accumulation steps of one mini-batch (launch/aot.py's
+default: optim.minibatch_size // optim.micro_rows = 16). Params (fp32 masters unless the request
+says otherwise: the update refuses other storage) and AdamW state are sharded by the LLAMA_RULES,
+rows over (data, fsdp). Memory hardly depends on the number of mini-batches (their rows are data,
+processed one at a time).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -62,15 +66,17 @@ def update_flops(config, rows: int, length: int, response_len: int) -> float:
   return 4.0 * (body * rows * length + head * rows * response_len)
 
 
-@register_program("train_step")
+@register_program("train_step", microbatched=True)
 def _train_step(config, mesh, req):
   if req.seq <= RESPONSE_LEN:
     raise ValueError(f"seq={req.seq} must exceed the response length {RESPONSE_LEN}")
-  minibatch = min(UpdateConfig.minibatch_size, req.batch)
+  if not isinstance(req.update, UpdateConfig):
+    raise ValueError("train_step needs the update's settings: AotRequest.update (UpdateConfig)")
+  minibatch = min(req.update.minibatch_size, req.batch)
   if req.batch % minibatch:
     raise ValueError(
       f"batch={req.batch} must be a multiple of the mini-batch size {minibatch} "
-      "(UpdateConfig.minibatch_size)"
+      "(optim.minibatch_size)"
     )
   if minibatch % req.num_microbatches:
     raise ValueError(
@@ -80,8 +86,11 @@ def _train_step(config, mesh, req):
   # The cost probe (aot._probe_cost) asks for loss_chunk == seq and one micro-batch: then project
   # the whole vocabulary in one chunk, as XLA counts a loop body once.
   chunk = config.vocab_size if req.loss_chunk == req.seq else VOCAB_CHUNK
-  cfg = UpdateConfig(
-    minibatch_size=minibatch, micro_rows=minibatch // req.num_microbatches, vocab_chunk=chunk
+  cfg = dataclasses.replace(
+    req.update,
+    minibatch_size=minibatch,
+    micro_rows=minibatch // req.num_microbatches,
+    vocab_chunk=chunk,
   )
   opt = make_optimizer(cfg)
   state = jax.eval_shape(

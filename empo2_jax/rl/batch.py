@@ -81,14 +81,17 @@ class Turn:
   advantage: Optional[float] = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchConfig:
-  max_prompt_len: int = 8192  # longer prompts drop the sample (measured per prompt_len_check)
-  prompt_len_check: str = "both"  # "both": every view used; "tip_free": the tip-free view only
-  response_len: int = 32  # R; longer responses drop the sample
-  ratio_variant: str = "paper"  # "paper" | "release"
+  """Built by name in train/settings.batch_config; only what the config does not hold has a
+  default."""
+
+  max_prompt_len: int  # longer prompts drop the sample (measured per prompt_len_check)
+  prompt_len_check: str  # "both": every view used; "tip_free": the tip-free view only
+  response_len: int  # R; longer responses drop the sample
+  ratio_variant: str  # "paper" | "release"
+  micro_rows: int  # B is a bucket over multiples of this (the update's micro-batch rows)
   prompt_multiple: int = 128  # P is a bucket over multiples of this
-  row_multiple: int = 8  # B is a bucket over multiples of this (mini-batches x devices)
   bucket_growth: float = 1.25  # consecutive bucket sizes differ by at most this factor
   pad_id: int = 151643  # <|endoftext|>
 
@@ -241,7 +244,7 @@ def build_batch(
     bucket_size(longest, cfg.prompt_multiple, cfg.bucket_growth), max(cfg.max_prompt_len, longest)
   )
   p_len = max(p_len, min_len - cfg.response_len)
-  rows = num_rows or bucket_size(max(len(keep), 1), cfg.row_multiple, cfg.bucket_growth)
+  rows = num_rows or bucket_size(max(len(keep), 1), cfg.micro_rows, cfg.bucket_growth)
   if rows < len(keep):
     raise ValueError(f"num_rows={rows} < {len(keep)} samples")
   R, L = cfg.response_len, p_len + cfg.response_len
@@ -340,7 +343,7 @@ def build_packed_batch(
   T = max(
     bucket_size(max([len(m) for m, _, _ in packed], default=1), 1, cfg.bucket_growth), min_turns
   )
-  rows = num_rows or bucket_size(max(len(packed), 1), cfg.row_multiple, cfg.bucket_growth)
+  rows = num_rows or bucket_size(max(len(packed), 1), cfg.micro_rows, cfg.bucket_growth)
   if rows < len(packed):
     raise ValueError(f"num_rows={rows} < {len(packed)} packed rows")
   out = {

@@ -25,25 +25,34 @@ import jax.numpy as jnp
 _MAX_LOG_RATIO = 20.0
 
 
-@dataclasses.dataclass(frozen=True)
+KL_ESTIMATORS = ("k1", "k3", "low_var_kl")  # k3 and low_var_kl are the same estimator
+AGGS = ("token_mean", "seq_mean")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LossConfig:
-  clip_eps_low: float = 0.2
-  clip_eps_high: float = 0.3
-  dual_clip_c: Optional[float] = 10.0  # None disables dual clipping; must be > 1
-  agg: str = "token_mean"  # or "seq_mean" (mean over samples of each sample's token mean)
-  kl_coef: float = 0.0
-  kl_type: str = "low_var_kl"  # "k1" or "low_var_kl" (k3)
-  entropy_coef: float = 0.0
-  low_prob_mask: bool = True
-  low_prob_delta: float = -5.0
+  """The config's `loss` section (empo2_jax/defaults.py), key for key (train/settings.py builds
+  it by name; no defaults of its own)."""
+
+  eps_low: float  # ratio clipped below at 1 - eps_low
+  eps_high: float  # ratio clipped above at 1 + eps_high
+  dual_clip: Optional[float]  # the dual-clip constant c > 1; 0 or None: no dual clipping
+  agg: str  # "token_mean" or "seq_mean" (mean over samples of each sample's token mean)
+  kl_coef: float
+  kl_estimator: str  # "k1", or "k3" = "low_var_kl"
+  entropy_coef: float
+  low_prob_mask: bool
+  low_prob_delta: float
 
   def __post_init__(self):
-    if self.agg not in ("token_mean", "seq_mean"):
-      raise ValueError(f"LossConfig.agg must be 'token_mean' or 'seq_mean', got {self.agg!r}")
-    if self.kl_type not in ("k1", "low_var_kl"):
-      raise ValueError(f"LossConfig.kl_type must be 'k1' or 'low_var_kl', got {self.kl_type!r}")
-    if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
-      raise ValueError(f"LossConfig.dual_clip_c must be > 1 or None, got {self.dual_clip_c}")
+    if self.agg not in AGGS:
+      raise ValueError(f"LossConfig.agg must be one of {AGGS}, got {self.agg!r}")
+    if self.kl_estimator not in KL_ESTIMATORS:
+      raise ValueError(
+        f"LossConfig.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
+      )
+    if self.dual_clip and self.dual_clip <= 1.0:
+      raise ValueError(f"LossConfig.dual_clip must be > 1, or 0 / None, got {self.dual_clip}")
 
 
 def low_prob_keep(old_logp_br, mask_br, delta):
@@ -62,10 +71,10 @@ def apply_low_prob_mask(mask_br, old_logp_br, cfg: LossConfig):
   return mask_br * keep[:, None].astype(mask_br.dtype), had_tokens & ~keep
 
 
-def kl_penalty(logp_br, ref_logp_br, mask_br, kl_type):
+def kl_penalty(logp_br, ref_logp_br, mask_br, kl_estimator):
   """Per-token KL(pi || ref) estimate; zero where masked."""
   m = mask_br > 0
-  if kl_type == "k1":
+  if kl_estimator == "k1":
     return jnp.where(m, logp_br - ref_logp_br, 0.0)
   # k3 / "low_var_kl": exp(ref - logp) - (ref - logp) - 1, clamped like verl to [-10, 10].
   d = jnp.clip(jnp.where(m, ref_logp_br - logp_br, 0.0), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -122,14 +131,14 @@ def policy_loss(
   log_ratio = jnp.where(m, logp_br - old_logp_br, 0.0)
   ratio = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
 
-  lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
+  lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
   surr_unclipped = -adv_br * ratio
   surr_clipped = -adv_br * jnp.clip(ratio, lo, hi)
   pg = jnp.maximum(surr_unclipped, surr_clipped)
   negative = adv_br < 0
-  if cfg.dual_clip_c is not None:
-    pg = jnp.where(negative, jnp.minimum(pg, -adv_br * cfg.dual_clip_c), pg)
-    dual = m & negative & (ratio > cfg.dual_clip_c)
+  if cfg.dual_clip:
+    pg = jnp.where(negative, jnp.minimum(pg, -adv_br * cfg.dual_clip), pg)
+    dual = m & negative & (ratio > cfg.dual_clip)
   else:
     dual = jnp.zeros_like(m)
   shaped = None
@@ -156,7 +165,7 @@ def policy_loss(
     # / shaped_token_frac: the mean weight of the shaped tokens
     metrics["shaped_weight_sum"] = tok_mean(jnp.where(shaped, shaped_w, 0.0))
   if ref_logp_br is not None:
-    kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_type)
+    kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_estimator)
     kl_loss = aggregate(kl, mask_br, cfg.agg, token_denom, seq_denom)
     metrics["kl_ref"] = kl_loss
     if cfg.kl_coef:

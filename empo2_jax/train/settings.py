@@ -9,32 +9,21 @@ from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
 from empo2_jax.rl.losses import LossConfig
-from empo2_jax.train import build
+
+
+def loss_config(c) -> LossConfig:
+  """The `loss` section, key for key."""
+  return LossConfig(**{k: c.loss[k] for k in c.loss.keys()})
 
 
 def update_config(c) -> update_lib.UpdateConfig:
-  return update_lib.UpdateConfig(
-    learning_rate=c.optim.lr,
-    weight_decay=c.optim.weight_decay,
-    adam_b1=c.optim.b1,
-    adam_b2=c.optim.b2,
-    max_grad_norm=c.optim.grad_clip,
-    minibatch_size=c.optim.minibatch_size,
-    micro_rows=c.optim.micro_rows,
-    ppo_epochs=c.optim.epochs,
+  """The `optim` keys of the update, rollout.temperature and the loss section."""
+  return explore_config.by_name(
+    update_lib.UpdateConfig,
+    c.optim,
     temperature=c.rollout.temperature,
     old_logprobs=old_logprobs_source(c)[0],
-    loss=LossConfig(
-      clip_eps_low=c.loss.eps_low,
-      clip_eps_high=c.loss.eps_high,
-      dual_clip_c=c.loss.dual_clip or None,
-      agg=c.loss.agg,
-      kl_coef=c.loss.kl_coef,
-      kl_type=build.kl_type(c.loss.kl_estimator),
-      entropy_coef=c.loss.entropy_coef,
-      low_prob_mask=c.loss.low_prob_mask,
-      low_prob_delta=c.loss.low_prob_delta,
-    ),
+    loss=loss_config(c),
   )
 
 
@@ -85,13 +74,13 @@ def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
   # SGE's strategy phase and SPA's world-model text lengthen the response
   # (explore/config.response_tokens); prompts then get what is left of the context.
   response = explore_config.response_tokens(c)
-  return batch_lib.BatchConfig(
+  return explore_config.by_name(
+    batch_lib.BatchConfig,
+    c.optim,  # prompt_len_check, micro_rows
     max_prompt_len=min(c.optim.max_prompt_len, c.rollout.max_context - response),
     response_len=response,
     ratio_variant=c.empo2.ratio_variant,
     pad_id=pad_id,
-    prompt_len_check=c.optim.prompt_len_check,
-    row_multiple=c.optim.micro_rows,
   )
 
 
