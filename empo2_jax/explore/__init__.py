@@ -7,7 +7,8 @@
            re-rollout injected into its group, the bonus and the HE token weight
   spa.py   self-play world-model SFT data (<observation>/<prediction> with the true states), Pass@k;
            spa_run.py runs its collection and SFT stages (launch/spa.py)
-  config.py  the config sections (rnd, sge, herl, spa) and their checks
+  config.py  the config sections (rnd, sge, herl, spa), their checks, the methods' settings
+  sections.py  the sections' default values (a leaf: config.py and the methods' dataclasses)
 
 Each module keeps its math and text in pure functions (tested against numpy / hand-computed
 values); the trainer and the actor call them through small hooks (explore/hooks.py).

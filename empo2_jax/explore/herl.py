@@ -39,19 +39,19 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from empo2_jax.explore import config as xcfg
+from empo2_jax.explore import sections
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HeRLConfig:
   """The `herl` section by name (explore/config.herl_config); its defaults are the section's
-  (explore/config.HERL)."""
+  (explore/sections.HERL)."""
 
-  alpha: float = xcfg.HERL["alpha"]  # reward_shaping_alpha
-  gamma_s: float = xcfg.HERL["gamma_s"]  # he_shaping_gamma (IF: 1, medical: 0.1)
-  temperature: float = xcfg.HERL["temperature"]  # the guided re-rollout's sampling temperature
+  alpha: float = sections.HERL["alpha"]  # reward_shaping_alpha
+  gamma_s: float = sections.HERL["gamma_s"]  # he_shaping_gamma (IF: 1, medical: 0.1)
+  temperature: float = sections.HERL["temperature"]  # the guided re-rollout's sampling temperature
   # the failed attempt's last actions shown in the hindsight block
-  max_actions_shown: int = xcfg.HERL["max_actions_shown"]
+  max_actions_shown: int = sections.HERL["max_actions_shown"]
 
   def __post_init__(self):
     if self.gamma_s <= 0 or self.temperature < 0 or self.max_actions_shown < 0:

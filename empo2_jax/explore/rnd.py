@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from empo2_jax.explore import config as xcfg
+from empo2_jax.explore import sections
 
 NORMALISERS = ("minmax", "std", "none")
 _EPS = 1e-8
@@ -45,18 +45,18 @@ _EPS = 1e-8
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RNDConfig:
-  """The `rnd` section (explore/config.RND, its defaults) by name, with empo2.intrinsic_scale and
+  """The `rnd` section (explore/sections.RND, its defaults) by name, with empo2.intrinsic_scale and
   the run's seed (explore/config.rnd_config)."""
 
   scale: float  # beta: reward = scale * normalised error (empo2.intrinsic_scale)
   seed: int  # the run's seed
   input_dim: int = 384  # the MiniLM embedding width
-  hidden: int = xcfg.RND["hidden"]
-  out: int = xcfg.RND["out"]
-  lr: float = xcfg.RND["lr"]
-  obs_clip: float = xcfg.RND["obs_clip"]
-  normalise: str = xcfg.RND["normalise"]
-  gamma: float = xcfg.RND["gamma"]  # discount of the intrinsic return ("std")
+  hidden: int = sections.RND["hidden"]
+  out: int = sections.RND["out"]
+  lr: float = sections.RND["lr"]
+  obs_clip: float = sections.RND["obs_clip"]
+  normalise: str = sections.RND["normalise"]
+  gamma: float = sections.RND["gamma"]  # discount of the intrinsic return ("std")
   row_bucket: int = 64  # batches are padded to a multiple of this (few jitted shapes)
 
   def __post_init__(self):

@@ -39,7 +39,7 @@ import numpy as np
 
 import jax
 
-from empo2_jax.explore import config as xcfg
+from empo2_jax.explore import sections
 
 OPEN, CLOSE = "<strategy>", "</strategy>"
 STRATEGY_INSTRUCTION = (
@@ -62,15 +62,15 @@ def parse_temperatures(text: str) -> tuple:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SGEConfig:
-  """The `sge` section (explore/config.SGE, its defaults), by name (explore/config.sge_config)."""
+  """The `sge` section (explore/sections.SGE, its defaults), by name (explore/config.sge_config)."""
 
   # (temperature, share of the group) classes, in rollout order
-  strategy_temperatures: tuple = parse_temperatures(xcfg.SGE["strategy_temperatures"])
-  strategy_max_new_tokens: int = xcfg.SGE["strategy_max_new_tokens"]
-  reflect_share: float = xcfg.SGE["reflect_share"]
-  reflect_history: int = xcfg.SGE["reflect_history"]  # M: distinct earlier strategies shown
+  strategy_temperatures: tuple = parse_temperatures(sections.SGE["strategy_temperatures"])
+  strategy_max_new_tokens: int = sections.SGE["strategy_max_new_tokens"]
+  reflect_share: float = sections.SGE["reflect_share"]
+  reflect_history: int = sections.SGE["reflect_history"]  # M: distinct earlier strategies shown
   # 0-based: the second iteration on
-  reflect_from_iteration: int = xcfg.SGE["reflect_from_iteration"]
+  reflect_from_iteration: int = sections.SGE["reflect_from_iteration"]
 
   def __post_init__(self):
     shares = [s for _, s in self.strategy_temperatures]
