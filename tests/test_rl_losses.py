@@ -108,9 +108,9 @@ def test_loss_gradient_matches_finite_difference_per_branch():
   np.testing.assert_allclose(np.asarray(g)[:, 0], [-1.1 / 4, 0, 0, 0], atol=1e-6)
 
 
-@pytest.mark.parametrize("kl_type", ["k1", "low_var_kl"])
-def test_kl_and_entropy_terms(kl_type):
-  cfg = loss_config(kl_coef=0.01, kl_estimator=kl_type, entropy_coef=0.003)
+@pytest.mark.parametrize("kl_estimator", ["k1", "k3", "low_var_kl"])
+def test_kl_and_entropy_terms(kl_estimator):
+  cfg = loss_config(kl_coef=0.01, kl_estimator=kl_estimator, entropy_coef=0.003)
   logp, old, adv, mask = make_inputs(1)
   rng = np.random.default_rng(2)
   ref = logp + rng.normal(0, 3.0, logp.shape)  # some low_var_kl values hit the clamp at 10
