@@ -78,12 +78,14 @@ class _Actor:
     self.guided_scores, self.calls = guided_scores, []
 
   def rollout(self, params, model_config, specs, **kw):
+    from empo2_jax.agent.actor import Rollout
+
     self.calls.append((specs, kw))
     out = []
     for i, (_, _, gid) in enumerate(specs):
       e = _episode(gid, i, self.guided_scores[gid], steps=1)
       out.append(e)
-    return out
+    return Rollout(out, {})
 
 
 class _Trainer:

@@ -178,7 +178,7 @@ class Explorer:
         )
       )
       specs.append((e.task, e.variation, gid))
-    guided = trainer.actor.rollout(
+    rollout = trainer.actor.rollout(
       trainer.sampling_params(),
       trainer.model_config,
       specs,
@@ -186,9 +186,10 @@ class Explorer:
       temperature=cfg.temperature,
       rng=jax.random.fold_in(key, 1),
       mode="on",
-      reflect=False,
       notes=notes,
     )
+    rollout.close()  # no tips are written from the guided episodes
+    guided = rollout.episodes
     rng = np.random.default_rng([self.c.seed, iteration, 1931])
     episodes = list(episodes)
     injected = fallback = 0

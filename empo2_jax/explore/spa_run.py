@@ -21,7 +21,7 @@ def collect(trainer, c) -> list:
   for k in range(c.spa.collect_iterations):
     rows = trainer.rows_for_iteration()
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
-    got = trainer.actor.rollout(
+    rollout = trainer.actor.rollout(
       trainer.sampling_params(),
       trainer.model_config,
       specs,
@@ -29,10 +29,10 @@ def collect(trainer, c) -> list:
       temperature=c.spa.collect_temperature,
       rng=jax.random.fold_in(trainer.rng, 20_000_000 + k),
       mode="on",
-      reflect=False,
       notes=[spa.WM_INSTRUCTION] * len(specs),
     )
-    episodes += [e for e in got if not e.env_failed and e.turns]
+    rollout.close()  # no tips are written
+    episodes += [e for e in rollout.episodes if not e.env_failed and e.turns]
     print(f"spa collect iteration={k + 1} episodes={len(episodes)}", flush=True)
   return episodes
 
