@@ -54,11 +54,14 @@ def main():
   args = ap.parse_args()
 
   import empo2_jax.rl.aot  # noqa: F401  (registers "train_step")
+  from empo2_jax import defaults
   from empo2_jax.model import llama
   from empo2_jax.model.configs import get_preset
   from empo2_jax.parallel import aot
   from empo2_jax.parallel.mesh import make_mesh
+  from empo2_jax.train import settings
 
+  c = defaults.get_config()  # the paper config: mesh, remat, dtypes and the update's settings
   req = aot.AotRequest(
     program="train_step",
     preset=args.preset,
@@ -66,6 +69,11 @@ def main():
     batch=args.batch,
     seq=args.seq,
     num_microbatches=args.microbatches,
+    mesh=",".join(f"{k}={v}" for k, v in c.mesh.items()),
+    remat=c.model.remat,
+    param_dtype=c.model.param_dtype,
+    compute_dtype=c.model.compute_dtype,
+    update=settings.update_config(c),
   )
   devices = aot.topology_devices(req.topology)
   config = get_preset(

@@ -33,9 +33,9 @@ CONFIG = LlamaConfig(
   head_dim=16,
   tie_word_embeddings=False,
 )
-# adam_eps well above gradient rounding, so the Adam step is smooth in the gradient (with eps
+# eps well above gradient rounding, so the Adam step is smooth in the gradient (with eps
 # 1e-8, g / (|g| + eps) turns 1e-9 rounding in near-zero gradients into lr-sized differences).
-TRAIN = train_lm.LMTrainConfig(learning_rate=1e-2, adam_eps=1e-3, num_microbatches=2, loss_chunk=7)
+TRAIN = train_lm.LMTrainConfig(lr=1e-2, eps=1e-3, num_microbatches=2, loss_chunk=7)
 MESHES = [(8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
 
 

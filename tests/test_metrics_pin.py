@@ -1,6 +1,7 @@
 """Behaviour pin: the tiny config's metrics over 3 iterations (seed 0 draws on_tips, on, off: every
 mode once) and an evaluation after the last (without and with memory) equal the values recorded
-before the architecture refactor of issue 32 (tests/data/tiny_metrics_pin.json, recorded at commit ff7df92).
+before the architecture refactor of issue 32 (tests/data/tiny_metrics_pin.json, recorded at commit
+ff7df92).
 
 A refactor that changes what the trainer computes moves some of these numbers: the rollout's
 returns and token counts, the tips written and retrieved, the advantages, the loss, the gradient

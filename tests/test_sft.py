@@ -137,11 +137,11 @@ def test_sft_steps_lower_the_answer_loss_and_micro_batches_match_one_batch(tok):
   cfg, params = _tiny(tok.vocab_size if tok.vocab_size > 151000 else 151936)
   chats = [sft.gold_chat(_material(), _traj(3, v)) for v in (1, 2)]
   batch = sft.pad_rows(sft.chat_rows(tok, chats, 10_000), tok.pad_token_id, bucket=64)
-  scfg = sft.SFTConfig(learning_rate=1e-2, micro_rows=1)
+  scfg = sft.SFTConfig(lr=1e-2, micro_rows=1)
   evaluate = sft.make_eval_loss(cfg, scfg)
   before = float(evaluate(params, batch))
   opt = make_optimizer(scfg)
-  one = sft.make_sft_step(cfg, sft.SFTConfig(learning_rate=1e-2, micro_rows=2))
+  one = sft.make_sft_step(cfg, sft.SFTConfig(lr=1e-2, micro_rows=2))
   two = sft.make_sft_step(cfg, scfg)
   s1, m1 = one(init_train_state(jax.tree.map(jnp.copy, params), opt), batch)
   s2, m2 = two(init_train_state(jax.tree.map(jnp.copy, params), opt), batch)

@@ -49,7 +49,7 @@ def val_loss(trainer, c, chats) -> float:
   import numpy as np
 
   from empo2_jax.train import sft
-  from empo2_jax.train.sft_loop import _fill
+  from empo2_jax.train.sft_loop import fill_rows
 
   rows = sft.chat_rows(trainer.tokenizer, chats, c.sft.max_len)
   if not rows:
@@ -58,7 +58,7 @@ def val_loss(trainer, c, chats) -> float:
   loss = sft.make_eval_loss(trainer.model_config, scfg)
   total = count = 0.0
   for i in range(0, len(rows), c.sft.batch_rows):
-    batch = _fill(sft.pad_rows(rows[i : i + c.sft.batch_rows], trainer.tokenizer.pad_token_id),
+    batch = fill_rows(sft.pad_rows(rows[i : i + c.sft.batch_rows], trainer.tokenizer.pad_token_id),
                   c.sft.batch_rows)  # fmt: skip
     n = float(np.asarray(batch["loss_mask"])[:, 1:].sum())
     total += float(loss(trainer.state.params, batch)) * n

@@ -30,12 +30,12 @@ from empo2_jax.rl.update import make_optimizer  # noqa: F401  (takes LMTrainConf
 
 @dataclasses.dataclass(frozen=True)
 class LMTrainConfig:
-  learning_rate: float = 1e-5
+  lr: float = 1e-5
   weight_decay: float = 0.01
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
-  max_grad_norm: float = 1.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  grad_clip: float = 1.0
   num_microbatches: int = 1  # gradient accumulation: rows per micro-batch = B / this
   loss_chunk: int = 512  # tokens per chunk of the vocab projection + cross-entropy
 

@@ -36,12 +36,12 @@ from empo2_jax.rl.update import TrainState, make_optimizer  # the same AdamW + c
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-  learning_rate: float = 1e-4
+  lr: float = 1e-4
   weight_decay: float = 0.0
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
-  max_grad_norm: float = 1.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  grad_clip: float = 1.0
   micro_rows: int = 1  # rows per forward/backward (gradient accumulation unit)
   vocab_chunk: int = 8192
 

@@ -42,9 +42,9 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     flush=True,
   )
   scfg = sft.SFTConfig(
-    learning_rate=c.sft.lr,
+    lr=c.sft.lr,
     weight_decay=c.sft.weight_decay,
-    max_grad_norm=c.sft.grad_clip,
+    grad_clip=c.sft.grad_clip,
     micro_rows=c.sft.micro_rows,
   )
   if c.sft.batch_rows % c.sft.micro_rows:
@@ -61,7 +61,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     for i in range(0, len(rows), c.sft.batch_rows):
       group = rows[i : i + c.sft.batch_rows]
       batch = sft.pad_rows(group, pad_id)
-      batch = _fill(batch, c.sft.batch_rows)
+      batch = fill_rows(batch, c.sft.batch_rows)
       n = float(batch["loss_mask"][:, 1:].sum())
       total += float(eval_loss(params, batch)) * n
       count += n
@@ -166,7 +166,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
   return json.loads(text)
 
 
-def _fill(batch, rows):
+def fill_rows(batch, rows):
   """Pad a batch to `rows` rows with fully masked rows (for a fixed jitted shape)."""
   import numpy as np
 
