@@ -74,7 +74,7 @@ def time_update(config, params, batch, ucfg):
   state = init_train_state(params, opt)
   # the warm-up call compiles; the second is timed
   secs, met = seconds_per_call(lambda: jax.block_until_ready(update(state, arranged)[1]), 1)
-  return secs, float(met["param_update_norm"])
+  return secs, float(met["update_norm"])
 
 
 def main():
@@ -134,7 +134,7 @@ def main():
     return
   t_pack, n_pack = time_update(config, params, packed, ucfg)
   t_turn, n_turn = time_update(config, params, per_turn, ucfg)
-  result("update param_update_norm", packed=n_pack, turn=n_turn, fmt=".6g")
+  result("update update_norm", packed=n_pack, turn=n_turn, fmt=".6g")
   result("packing update_s", packed=t_pack, turn=t_turn, ratio=t_turn / t_pack, fmt=".2f")
 
 

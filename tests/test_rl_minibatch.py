@@ -59,7 +59,7 @@ def test_lr_1e6_step_moves_fp32_masters_but_not_bf16_storage():
     if jnp.issubdtype(x.dtype, jnp.floating)
   )  # fp32 AdamW moments
   state, met = make_update_fn(BF16_COMPUTE, cfg)(state, batch)
-  assert int(met["optim_steps"]) == 1 and float(met["param_update_norm"]) > 0
+  assert int(met["optim_steps"]) == 1 and float(met["update_norm"]) > 0
   step = jax.tree.map(lambda a, b: a - b, state.params, params)  # the fp32 update applied
   matrices = [k for k, v in params["layers"].items() if v.ndim == 3]
   for k in matrices:
@@ -219,7 +219,7 @@ def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
   state, met = update(state0, batch_j)
   assert int(met["optim_steps"]) == 3 and int(state.step) == 3
   assert float(met["clipfrac_high"]) > 0 and float(met["clipfrac_low"]) > 0
-  assert float(met["ratio_max"]) > 1.3 and float(met["param_update_norm"]) > 0
+  assert float(met["ratio_max"]) > 1.3 and float(met["update_norm"]) > 0
 
   # One mini-batch for all 300 samples: a single step, the ratio is exactly 1, nothing clips.
   one = update_config(**{**cfg.__dict__, "minibatch_size": 300})

@@ -129,7 +129,7 @@ def test_packed_update_equals_per_turn_update(tok, mode, variant):
     "pg_loss",
     "entropy",
     "grad_norm",
-    "param_update_norm",
+    "update_norm",
   ):
     np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
   for a, b in zip(jax.tree.leaves(st1.params), jax.tree.leaves(st2.params)):
@@ -168,7 +168,7 @@ def test_a_grown_update_shape_takes_the_same_steps(tok, layout):
   st_a, m_a = update(init_train_state(jax.tree.map(jnp.copy, params), opt), a)
   st_b, m_b = update(init_train_state(jax.tree.map(jnp.copy, params), opt), b)
   assert int(m_a["optim_steps"]) == int(m_b["optim_steps"]) == lay_a["num_minibatches"]
-  for k in ("loss", "n_tokens", "grad_norm", "param_update_norm"):
+  for k in ("loss", "n_tokens", "grad_norm", "update_norm"):
     np.testing.assert_allclose(float(m_b[k]), float(m_a[k]), rtol=1e-5, atol=1e-6, err_msg=k)
   for x, y in zip(jax.tree.leaves(st_a.params), jax.tree.leaves(st_b.params)):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-5)
@@ -190,7 +190,7 @@ def test_packed_minibatches_are_counted_in_turn_samples(tok):
   arranged, lay = minibatch.arrange(packed, ucfg, seed=(0, 3))
   assert lay["num_minibatches"] == 4 and lay["slot_rows"] == 2 and sorted(lay["sizes"]) == [2] * 4
   _, met = run_update(cfg, params, packed, ucfg, seed=(0, 3))
-  assert met["optim_steps"] == 4 and met["param_update_norm"] > 0
+  assert met["optim_steps"] == 4 and met["update_norm"] > 0
 
 
 def test_a_turn_whose_history_was_retokenised_differently_gets_its_own_row(tok):

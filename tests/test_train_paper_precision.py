@@ -49,6 +49,6 @@ def test_tiny_run_with_paper_dtypes_and_lr_moves_weights(tmp_path):
   for r in records:
     assert r["optim_steps"] >= 1 if r["samples"] else r["optim_steps"] == 0, r
     if r["advantage_abs_mean"] > 0:
-      assert r["param_update_norm"] > 0, r
+      assert r["loss/update_norm"] > 0, r
       moved += 1
   assert moved >= 1, "no iteration had non-zero advantages: the check above never ran"

@@ -380,10 +380,10 @@ class Trainer:
 
   def update(self, mode: str, batch: dict, layout: dict, n_samples: int) -> dict:
     """The PPO update of the train state on `batch` (rl/update.py; docs/method.md §5); its
-    metrics. Loss metrics are per-step means; optim_steps and param_update_norm (the global norm
-    of this iteration's weight change) describe the whole update and keep their own names."""
+    metrics. Loss metrics (loss/update_norm: the global norm of a step's weight change among
+    them) are per-step means; optim_steps counts the steps and keeps its own name."""
     if not n_samples:
-      return {"optim_steps": 0.0, "param_update_norm": 0.0}
+      return {"optim_steps": 0.0, "loss/update_norm": 0.0}
     c = self.config
     args = (self.ref_params,) if self.ref_params is not None else ()
     if self.mesh is not None:
@@ -393,8 +393,7 @@ class Trainer:
     from_sampler = self._old_from_sampler(mode, batch)
     self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
     upd = {
-      (k if k in ("optim_steps", "param_update_norm") else f"loss/{k}"): float(v)
-      for k, v in jax.device_get(upd).items()
+      (k if k == "optim_steps" else f"loss/{k}"): float(v) for k, v in jax.device_get(upd).items()
     }
     if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
       raise RuntimeError(
