@@ -9,6 +9,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.envs.goal_progress import parse_goal_progress
 from empo2_jax.explore import herl
 from empo2_jax.rl.losses import policy_loss, shaped_ratio
 from tests.rl_settings import batch_config, loss_config
@@ -74,7 +75,7 @@ def test_candidates_and_injection():
 
 
 def test_goal_items_scienceworld_and_puzzle():
-  items = herl.parse_goal_progress(GOALS)
+  items = parse_goal_progress(GOALS)
   assert items[0] == ("focus on an animal", False) and items[3][1] is True and len(items) == 5
   unmet, met = herl.goal_items(GOALS, success=False)
   assert unmet == ["focus on an animal", "move living thing to answer box", "Pick up object"]

@@ -289,9 +289,9 @@ def test_fuzz_decoded_token_ids(tokenizer):
   for _ in range(1500):
     n = rng.choice((0, 1, 2, 8, 32, 128))
     ids = [rng.choice(specials) if rng.random() < 0.1 else rng.randrange(vocab) for _ in range(n)]
-    text = tokenizer.decode(ids, skip_special_tokens=True).strip()  # Actor._run_episodes
+    text = tokenizer.decode(ids, skip_special_tokens=True).strip()  # Actor.rollout
     check_action(text)
-    check_tip(tokenizer.decode(ids, skip_special_tokens=True))  # Actor._reflect
+    check_tip(tokenizer.decode(ids, skip_special_tokens=True))  # Actor.reflect
   # Fuzz text through the tokenizer and back (what a model that copies its input would write).
   for c in CASES[:: max(1, len(CASES) // 500)]:
     ids = tokenizer(c.encode("utf-8", "replace").decode("utf-8"), add_special_tokens=False)

@@ -102,35 +102,6 @@ def test_reflector_config_field_default_and_bad_value():
     build.check_config(c)
 
 
-class _FakeTok:
-  """Decodes nothing: a rule-reflector actor must not sample a tip at all."""
-
-  def decode(self, *a, **k):
-    raise AssertionError("the rule reflector decoded a sampled tip")
-
-
-def test_actor_reflect_with_rule_samples_nothing_and_writes_the_rule_tip(monkeypatch):
-  from empo2_jax.agent import actor as actor_lib
-
-  writes = []
-  monkeypatch.setattr(
-    actor_lib, "gather_and_commit", lambda store, enc, w, it: (writes.extend(w), [1] * len(w))
-  )
-  a = object.__new__(actor_lib.Actor)
-  a.settings = ActorSettings(reflector="rule", memory_key="step")
-  a.tok, a.memory = _FakeTok(), type("M", (), {"store": None, "encoder": None})()
-  a.prompts = actor_lib.prompts.SCIENCEWORLD
-  a.sample = lambda *args, **kw: pytest.fail("the rule reflector sampled")
-  e = Episode("find-animal", 0, 0, 0, "on", False)
-  e.executed, e.step_keys, e.goals, e.score = ["focus on cat"], ["k0"], GOALS, 50.0
-  e.turns = [Turn([], "focus on cat", [], [], "on", 0, 0, step=0, episode_return=50.0, reward=50.0)]
-  stats = a._reflect(None, [e], None, iteration=3)
-  assert e.tip.startswith("Actions that raised the score: focus on cat (+50).")
-  assert stats == {"tips": 1, "memory_writes": 1}
-  assert writes[0].slot == ("find-animal", 0) and writes[0].key == "k0"
-  assert writes[0].text.startswith(e.tip + "; At that timestep, the specific action you took was")
-
-
 # ------------------------------------------------------------ the goal progress it reads (real env)
 @pytest.mark.slow
 def test_goal_progress_matches_the_library_after_a_real_reset_and_step():

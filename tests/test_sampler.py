@@ -279,7 +279,7 @@ def test_host_arrays_enter_the_engine_without_compiling():
   sampler.row_keys(rng, range(3))  # warm: the shapes below are new
   before, _ = CompileCounter.totals()
   for n in (5, 6, 7):
-    x = engine._rows(np.arange(n * 3, dtype=np.int64).reshape(n, 3))
+    x = engine.place_rows(np.arange(n * 3, dtype=np.int64).reshape(n, 3))
     assert x.dtype == jnp.int32 and isinstance(x, jax.Array)
     np.testing.assert_array_equal(np.asarray(x), np.arange(n * 3).reshape(n, 3))
   assert CompileCounter.totals()[0] == before

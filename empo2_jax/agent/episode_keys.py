@@ -28,5 +28,5 @@ class EpisodeKeys:
     del keys  # fold_in(step_key, slot): replaced by per-episode keys
     if self.step_key is None:
       raise RuntimeError("EpisodeKeys.decode before step_key was set (use Actor.sample)")
-    keys = self._engine._rows(row_keys(self.step_key, self._ids))
+    keys = self._engine.place_rows(row_keys(self.step_key, self._ids))
     return self._engine.decode(params, cache, hidden, length, active, keys, **kwargs)

@@ -34,11 +34,11 @@ proposal, docs/methods.md §6.3's note):
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Optional, Sequence
 
 import numpy as np
 
+from empo2_jax.envs.goal_progress import parse_goal_progress
 from empo2_jax.explore import sections
 
 
@@ -109,19 +109,6 @@ def injection(
 # ---------------------------------------------------------------------------------------------
 # Goal items and the hindsight text
 # ---------------------------------------------------------------------------------------------
-
-_GOAL_LINE = re.compile(r"^\s*\d+\s+(true|false)\s+\S+\s+(.*\S)\s*$")
-
-
-def parse_goal_progress(text: str) -> list[tuple[str, bool]]:
-  """ScienceWorld's `getGoalProgressStr()` -> [(description, completed)], sequential subgoals
-  first, then the unordered/optional ones, in the simulator's order."""
-  out = []
-  for line in text.splitlines():
-    m = _GOAL_LINE.match(line)
-    if m:
-      out.append((m.group(2), m.group(1) == "true"))
-  return out
 
 
 def hindsight_block(
@@ -196,7 +183,6 @@ __all__ = [
   "bonus",
   "candidates",
   "injection",
-  "parse_goal_progress",
   "goal_items",
   "hindsight_block",
   "add_hindsight",

@@ -4,7 +4,7 @@
     notes = explorer.train_notes(specs, iteration)          # first-message notes per episode
     sampler = explorer.train_sampler()                       # the actor's per-step sampler or None
     episodes, metrics = explorer.after_rollout(trainer, episodes, iteration, mode, key)
-    actor.env_text = explorer.env_text                       # what of a response the env reads
+    actor = Actor(..., env_text=explorer.env_text)           # what of a response the env reads
 
 What each method adds (its logic lives in its own module; this file only dispatches):
   rnd   after the rollout: every turn's current observation -> RND reward in Turn.intrinsic

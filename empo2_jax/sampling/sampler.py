@@ -186,7 +186,7 @@ class Engine:
 
     return int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
 
-  def _rows(self, x, batch_dim: int = 0):
+  def place_rows(self, x, batch_dim: int = 0):
     """Place a per-row array with rows over the mesh's batch axes (no-op without a mesh)."""
     if self.mesh is None:
       # device_put, not jnp.asarray: asarray of a host array compiles a small program per new
@@ -205,13 +205,15 @@ class Engine:
       )
     cache = llama.init_cache(self.config, batch, length, DTYPES[self.settings.cache_dtype])
     return {
-      "k": self._rows(cache["k"], 1),
-      "v": self._rows(cache["v"], 1),
-      "mask": self._rows(cache["mask"]),
+      "k": self.place_rows(cache["k"], 1),
+      "v": self.place_rows(cache["v"], 1),
+      "mask": self.place_rows(cache["mask"]),
     }
 
   def new_hidden(self, batch: int):
-    return self._rows(jnp.zeros((batch, self.config.hidden_size), self.config.jnp_compute_dtype))
+    return self.place_rows(
+      jnp.zeros((batch, self.config.hidden_size), self.config.jnp_compute_dtype)
+    )
 
   # -- host drivers --------------------------------------------------------------------------------
   def prefill(
@@ -252,10 +254,10 @@ class Engine:
           params,
           cache,
           hidden,
-          self._rows(tokens),
-          self._rows(mask),
-          self._rows(pos),
-          self._rows(end),
+          self.place_rows(tokens),
+          self.place_rows(mask),
+          self.place_rows(pos),
+          self.place_rows(end),
         )
       else:
         cache, hidden = self._prefill_rows(
@@ -314,8 +316,8 @@ class Engine:
       params,
       cache,
       hidden,
-      self._rows(np.asarray(length, np.int32)),
-      self._rows(np.asarray(active, bool)),
+      self.place_rows(np.asarray(length, np.int32)),
+      self.place_rows(np.asarray(active, bool)),
       keys,
       jnp.float32(max(temperature, 1e-6)),
       jnp.float32(top_p),
@@ -381,7 +383,7 @@ def generate(
     hidden,
     length,
     active,
-    engine._rows(row_keys(rng, range(b))),
+    engine.place_rows(row_keys(rng, range(b))),
     max_new_tokens=max_new_tokens,
     temperature=temperature,
     top_p=top_p,

@@ -173,7 +173,7 @@ class Session:
     )
     self.stats["prefill_computed"] += computed
     length = start + np.array([len(s) if s is not None else 0 for s in suffixes])
-    keys = self.engine._rows(row_keys(rng, range(b)))
+    keys = self.engine.place_rows(row_keys(rng, range(b)))
     self.cache, toks, lps, counts, lengths = self.engine.decode(
       self.params,
       self.cache,

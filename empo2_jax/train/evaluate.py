@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from empo2_jax.train.metrics import return_summary
+
 COLUMNS = ("task", "setting", "episodes", "return_mean", "return_std", "success")
 
 
@@ -19,14 +21,7 @@ def summarize(task: str, setting: str, returns: Sequence[float], successes: Sequ
   r = np.asarray(returns, np.float64)
   if r.size == 0:
     raise ValueError(f"no episodes to summarise for {task} ({setting})")
-  return {
-    "task": task,
-    "setting": setting,
-    "episodes": int(r.size),
-    "return_mean": float(r.mean()),
-    "return_std": float(r.std()),
-    "success": float(np.mean(np.asarray(successes, bool))),
-  }
+  return {"task": task, "setting": setting, "episodes": int(r.size), **return_summary(r, successes)}
 
 
 def with_average(rows: Sequence[dict]) -> list[dict]:
