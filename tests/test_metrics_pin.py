@@ -40,11 +40,10 @@ def pinned(m: dict) -> dict:
 
 
 def tiny_metrics(workdir: str) -> list[dict]:
-  sys.path.insert(0, ROOT)
-  from configs import sciworld
+  from empo2_jax.defaults import load_config
   from empo2_jax.train.trainer import Trainer
 
-  config = sciworld.get_config("tiny")
+  config = load_config(os.path.join(ROOT, "configs", "sciworld.py") + ":tiny")
   config.train.iterations = 3
   config.train.eval_at_end = True
   config.train.eval_with_memory = True
