@@ -148,7 +148,7 @@ def evaluate(config) -> None:
       for g, v in enumerate(test_rows)
       for _ in range(config.train.eval_repeats)
     ]
-    episodes = agent.run(params, model_config, specs, rng=jax.random.PRNGKey(config.seed))
+    episodes, stats = agent.run(params, model_config, specs, rng=jax.random.PRNGKey(config.seed))
   finally:
     pool.close()
   ok = [e for e in episodes if not e.env_failed]
@@ -161,7 +161,7 @@ def evaluate(config) -> None:
   md = ev.table_markdown(rows)
   (out / "table.md").write_text(md)
   (out / "table.csv").write_text(ev.table_csv(rows))
-  extra = {"rescore": dataclasses.asdict(rescore), **agent.last_stats}
+  extra = {"rescore": dataclasses.asdict(rescore), **stats}
   path = write_result(
     _WORKDIR.value,
     method="retrospex",
@@ -173,8 +173,8 @@ def evaluate(config) -> None:
   )
   print(md, end="")
   print(
-    f"critic changed the LLM's choice {agent.last_stats['critic_changed']} of "
-    f"{agent.last_stats['choices']} times; result: {path}"
+    f"critic changed the LLM's choice {stats['critic_changed']} of "
+    f"{stats['choices']} times; result: {path}"
   )
 
 

@@ -78,9 +78,11 @@ def test_run_sends_a_sampled_candidate_each_step():
     F.make_actor(pool, [0]).settings,
   )
   config, params = F.tiny_policy()
-  eps = agent.run(params, config, [(F.TASK, 0, 0), (F.TASK, 1, 1)], rng=jax.random.PRNGKey(0))
+  eps, stats = agent.run(
+    params, config, [(F.TASK, 0, 0), (F.TASK, 1, 1)], rng=jax.random.PRNGKey(0)
+  )
   assert [len(e.executed) for e in eps] == [3, 3] and all(e.score == -10 for e in eps)
-  assert agent.last_stats["steps"] == 6
+  assert stats["steps"] == 6
   for e in eps:  # user, assistant alternate; the chosen texts are in the chat
     assert [m["role"] for m in e.messages] == ["user", "assistant"] * 3
 

@@ -3,7 +3,7 @@ re-scores them (baselines/retrospex.py), the chosen one goes to the environment.
 
     agent = RetrospexAgent(pool, tokenizer, materials, prompt_set, critic, RescoreConfig(),
                            settings=ActorSettings(...))
-    episodes = agent.run(params, model_config, specs, rng=key)     # agent.Episode records
+    episodes, stats = agent.run(params, model_config, specs, rng=key)  # Episodes, counts
 
 Per step, every running episode's chat is sampled K times in one session call (K cache rows per
 episode: the rows share the chat, so after the first step each row prefills only the new turn);
@@ -66,15 +66,17 @@ class RetrospexAgent:
     self.critic, self.cfg, self.settings = critic, rescore, settings
     self.sampler_settings = SamplerSettings(cache_dtype=settings.cache_dtype)
     self.stop_ids = stop_ids(tokenizer)
-    self.last_stats: dict = {}
 
-  def run(self, params, model_config, specs: Sequence[tuple[str, int, int]], *, rng) -> list:
-    """specs: (task, variation, group) per episode; returns finished Episodes in spec order."""
+  def run(
+    self, params, model_config, specs: Sequence[tuple[str, int, int]], *, rng
+  ) -> tuple[list, dict]:
+    """specs: (task, variation, group) per episode -> (finished Episodes in spec order, counts:
+    steps, choices made, and how often the critic changed the LLM's first choice)."""
     K = self.cfg.samples
     eps = [Episode(t, int(v), int(g), i, "eval", False) for i, (t, v, g) in enumerate(specs)]
     stats = {"steps": 0, "choices": 0, "critic_changed": 0}
     if not eps:
-      return eps
+      return eps, stats
     session = Session(
       params,
       model_config,
@@ -135,8 +137,7 @@ class RetrospexAgent:
         obs[i] = e.final_observation = res.observation
         stats["steps"] += 1
       t += 1
-    self.last_stats = stats
-    return eps
+    return eps, stats
 
   def _choose(self, e, obs: str, texts, lps, t: int, stats: dict) -> str:
     cands = R.candidates(texts, lps, self.cfg.top_k)
