@@ -118,6 +118,7 @@ def test_presets_have_published_sizes():
     configs.get_preset("8b")
 
 
+@pytest.mark.slow
 def test_logit_checker_cli(hf_tiny):
   import subprocess
   import sys
