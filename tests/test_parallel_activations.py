@@ -18,6 +18,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh
 
 from empo2_jax.parallel import sharding as shd
@@ -75,6 +76,7 @@ def _moves_activations(collectives):
   return [c for c in collectives if c[0] in ("f32", "bf16") and c[1][:2] == (16, 256)]
 
 
+@pytest.mark.slow
 def test_the_fsdp_update_gathers_weights_not_activations():
   got = _collectives()
   assert _moves_activations(got["context"]) == [], got["context"]
