@@ -148,6 +148,7 @@ def _on_policy_batch(params, seed=0, rows=8, P=10, R=4, noise=0.0):
   }
 
 
+@pytest.mark.slow
 def test_update_with_sampler_logprobs_equals_recompute():
   """Same batch, same start: the update that takes the sampler's log-probs (off by up to the
   measured 3.1e-5 nats) ends at the same params and metrics as the one that recomputes them; the
