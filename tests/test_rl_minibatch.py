@@ -197,6 +197,7 @@ def reference_minibatch_sgd(params, batch, lr):
   return params
 
 
+@pytest.mark.slow
 def test_300_samples_take_3_steps_and_the_ratio_leaves_1():
   """docs/method.md §1 item 5: 300 turn samples in mini-batches of 128 -> 3 optimizer steps; from
   the second step on the policy has moved, so ratios leave 1 and the clip acts. Equals plain SGD per
