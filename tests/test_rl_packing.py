@@ -92,7 +92,12 @@ def run_update(cfg, params, batch, ucfg, seed=(0, 1)):
 
 
 @pytest.mark.parametrize(
-  "mode,variant", [("on", "paper"), ("off", "paper"), ("off", "release"), ("on_tips", "paper")]
+  "mode,variant",
+  [("off", "paper")]
+  + [
+    pytest.param(*p, marks=pytest.mark.slow)
+    for p in (("on", "paper"), ("off", "release"), ("on_tips", "paper"))
+  ],
 )
 def test_packed_update_equals_per_turn_update(tok, mode, variant):
   cfg, params = tiny()
@@ -136,7 +141,7 @@ def test_packed_update_equals_per_turn_update(tok, mode, variant):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["packed", "turn"])
+@pytest.mark.parametrize("layout", [pytest.param("packed", marks=pytest.mark.slow), "turn"])
 def test_a_grown_update_shape_takes_the_same_steps(tok, layout):
   """update_shapes="grow": a batch padded to a larger length, turn axis, slot count and slot size
   (the run's high-water shape) takes the same optimizer steps on the same samples as the batch in
