@@ -14,6 +14,8 @@ from empo2_jax.model import gguf, hf, llama
 from empo2_jax.model.tokenizer import load_tokenizer, stop_ids
 from empo2_jax.sampling.sampler import SamplerSettings, generate
 
+pytestmark = pytest.mark.slow  # the real model: ~1 min to load and compare
+
 TEXTS = [
   "You are in the kitchen. You see a fridge, a stove and a thermometer. What do you do next?",
   "def add(a, b):\n    return a + b\n",
