@@ -307,7 +307,8 @@ def test_write_error_names_the_checkpoint(tmp_path):
 def test_nonfinite_update_stops_with_last_good_checkpoint(tmp_path):
   import jax.numpy as jnp
   from configs import sciworld
-  from empo2_jax.train.trainer import MODES, NonFiniteError, Trainer
+  from empo2_jax.rl.batch import MODES
+  from empo2_jax.train.trainer import NonFiniteError, Trainer
 
   config = sciworld.get_config("tiny")
   config.train.iterations = 3
