@@ -4,6 +4,7 @@ Pass@k."""
 import pytest
 
 from empo2_jax.explore import spa
+from empo2_jax.train.metrics import pass_at_k
 
 S0 = "P _ _\n_ O _\n_ _ G"
 S1 = "_ P _\n_ O _\n_ _ G"
@@ -62,7 +63,7 @@ def test_split_and_pass_at_k():
   assert len(va) == 2 and sorted(tr + va) == list(range(10))
   assert spa.split(10, 0.2, seed=0) == (tr, va)
   assert spa.split(2, 0.2, seed=1)[1] and spa.split(2, 0.2, seed=1)[0]
-  p1, pk, k = spa.pass_at_k(["a"] * 4 + ["b"] * 4, [0, 0, 1, 0, 0, 0, 0, 0])
+  p1, pk, k = pass_at_k(["a"] * 4 + ["b"] * 4, [0, 0, 1, 0, 0, 0, 0, 0])
   assert (p1, pk, k) == (pytest.approx(1 / 8), pytest.approx(0.5), 4)
 
 

@@ -29,8 +29,9 @@ without one (ScienceWorld), the observation text. Choices that are proposals (do
 
 Stage C is the method's RL (GRPO here; SPA's PPO with a critic is not part of this trainer), from
 the SFT checkpoint, with the base prompt (the world-model format is not requested) and the action
-taken from the <answer> span (`action_text`). `pass_at_k` is SPA's es_manager metric: within each
-group of same-task rollouts, pass@k = any success; the reported value is the mean over groups.
+taken from the <answer> span (`action_text`). SPA's es_manager metric (within each group of
+same-task rollouts, pass@k = any success; reported: the mean over groups) is
+`train/metrics.pass_at_k`, which every evaluation reports.
 """
 
 from __future__ import annotations
@@ -129,19 +130,6 @@ def split(n: int, val_share: float, seed: int) -> tuple[list[int], list[int]]:
   return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 
-def pass_at_k(group_ids: Sequence, successes: Sequence[bool]) -> tuple[float, float, int]:
-  """(pass@1, pass@k, k): pass@1 = mean success; pass@k = mean over groups of any success in
-  the group; k = the smallest group size (the reported k)."""
-  groups: dict = {}
-  for g, s in zip(group_ids, successes):
-    groups.setdefault(g, []).append(bool(s))
-  if not groups:
-    return float("nan"), float("nan"), 0
-  p1 = float(np.mean([s for v in groups.values() for s in v]))
-  pk = float(np.mean([any(v) for v in groups.values()]))
-  return p1, pk, min(len(v) for v in groups.values())
-
-
 __all__ = [
   "WM_INSTRUCTION",
   "parse_wm",
@@ -150,5 +138,4 @@ __all__ = [
   "episode_chat",
   "valid_prefix",
   "split",
-  "pass_at_k",
 ]

@@ -94,6 +94,20 @@ def episode_summary(episodes: Sequence) -> dict:
   }
 
 
+def pass_at_k(group_ids: Sequence, successes: Sequence[bool]) -> tuple[float, float, int]:
+  """SPA's es_manager metric over repeated episodes of each group (docs/methods.md §7):
+  (pass@1, pass@k, k): pass@1 = mean success; pass@k = mean over groups of any success in
+  the group; k = the smallest group size (the reported k)."""
+  groups: dict = {}
+  for g, s in zip(group_ids, successes):
+    groups.setdefault(g, []).append(bool(s))
+  if not groups:
+    return float("nan"), float("nan"), 0
+  p1 = float(np.mean([s for v in groups.values() for s in v]))
+  pk = float(np.mean([any(v) for v in groups.values()]))
+  return p1, pk, min(len(v) for v in groups.values())
+
+
 class MetricsWriter:
   def __init__(
     self,
@@ -330,6 +344,7 @@ def drop_events_after(tb_dir, step: int) -> int:
 __all__ = [
   "return_summary",
   "episode_summary",
+  "pass_at_k",
   "MetricsWriter",
   "read_metrics",
   "read_scalars",

@@ -39,7 +39,7 @@ from empo2_jax.train.hoststats import (
   release_host_memory,
 )
 from empo2_jax.train.faults import NonFiniteError
-from empo2_jax.train.metrics import MetricsWriter, episode_summary, is_remote
+from empo2_jax.train.metrics import MetricsWriter, episode_summary, is_remote, pass_at_k
 
 log = logging.getLogger("empo2_jax")
 
@@ -513,9 +513,7 @@ class Trainer:
     ok = [e for e in episodes if not e.env_failed]
     tag = "eval_mem" if with_memory else "eval"
     # Pass@1 and Pass@k over the eval_repeats episodes of each test row (SPA's es_manager:
-    # pass@k = any success in the group, averaged over the groups; explore/spa.py).
-    from empo2_jax.explore.spa import pass_at_k
-
+    # pass@k = any success in the group, averaged over the groups; train/metrics.py).
     pass1, passk, k = pass_at_k([e.group_id for e in ok], [e.success for e in ok])
     return {
       **{f"{tag}/{name}": v for name, v in summary.items()},
