@@ -158,6 +158,9 @@ def _format(c, args):
   c.sft.variations = 0 if args.get("gpu") else 8
   c.sft.eval_before = False
   c.sft.eval_after = False
+  # The EMPO2 arms run the paper's p and q (issue 30), not the CPU demo's 0.5 / 0.5 (small_cpu).
+  c.empo2.p_memory = 0.25
+  c.empo2.q_offpolicy = 2.0 / 3.0
   # The RL arms keep the authors' action correction (env.action_correction=always, issue 30:
   # the experiment runs with the faithful defaults). Only the SFT's gold replay steps the gold
   # paths as written (train/sft_gold.gold_env): with "always", the valid "open door to kitchen"

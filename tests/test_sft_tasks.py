@@ -31,6 +31,8 @@ def test_format_variant_lists_other_tasks_only():
   assert not c.sft.eval_before and not c.sft.eval_after  # no look at any test variation
   # the RL arms keep the authors' correction; only the SFT's gold replay runs actions as written
   assert c.env.action_correction == "always"
+  # the EMPO2 arms run the paper's p = 0.25 and q = 2/3, not the CPU demo's 0.5 / 0.5
+  assert (c.empo2.p_memory, c.empo2.q_offpolicy) == (0.25, 2.0 / 3.0)
   c2 = defaults.load_config(os.path.join(ROOT, "configs", "sciworld.py") + ":learn")
   assert c2.sft.tasks == "" and c2.sft.eval_before  # today's behaviour unchanged
   with pytest.raises(ValueError, match="'format' modifies 'learn'"):
