@@ -4,6 +4,7 @@
 #
 #   bash scripts/exploration_experiment.sh sft       # 1. format-only SFT (one checkpoint for all)
 #   bash scripts/exploration_experiment.sh choose    # 2. the target task, measured on TRAIN rows
+#   bash scripts/exploration_experiment.sh start     # 3a. the SFT start on the test variations
 #   bash scripts/exploration_experiment.sh arms      # 3+4. 3 arms x 3 seeds, staged to ITERS,
 #                                                    #      each stage evaluated on test variations
 #   bash scripts/exploration_experiment.sh report    # 5. tables per iteration, training curves
@@ -191,6 +192,7 @@ step_report() {
 case "${1:-}" in
   sft) step_sft ;;
   choose) step_choose ;;
+  start) eval_sft_start ;;
   arms) step_arms ;;
   report) step_report ;;
   all)
@@ -200,7 +202,7 @@ case "${1:-}" in
     step_report
     ;;
   *)
-    echo "usage: $0 sft|choose|arms|report|all (env: PY ROOT BASE CANDIDATES CHOOSE_ROWS" \
+    echo "usage: $0 sft|choose|start|arms|report|all (env: PY ROOT BASE CANDIDATES CHOOSE_ROWS" \
       "SEEDS ITERS ARMS TARGET)" >&2
     exit 2
     ;;
