@@ -223,7 +223,9 @@ def main(argv):
       rows, result = _evaluate_policy(trainer, config, name, [False])
   finally:
     trainer.close()
-  result["extra"].update(split=_SPLIT.value, variations=[int(v) for v in rows_evaluated])
+  result["extra"].update(
+    split=_SPLIT.value, variations=[int(v) for v in rows_evaluated], seed=int(config.seed)
+  )
   out_dir = _OUT.value or _WORKDIR.value
   md = write_tables(out_dir, evaluate.with_average(rows))
   path = write_result(

@@ -30,6 +30,8 @@ from empo2_jax import cli  # noqa: E402
 METRICS = "metrics.jsonl"
 PHASE_SKIP = ("time/iteration",)  # the total, not a phase
 MARKERS = "osD^vP*Xh<>"  # runs that coincide stay visible
+ENV_STEPS = "env_steps_total"  # read_run: the cumulative env_steps metric (--x=env_steps)
+X_AXES = {"iteration": "iteration", "env_steps": ENV_STEPS}
 
 
 def read_run(workdir) -> list[dict]:
@@ -38,7 +40,13 @@ def read_run(workdir) -> list[dict]:
   last = {}
   for r in records:  # a resumed run may repeat an iteration: keep the last
     last[int(r["iteration"])] = r
-  return [last[k] for k in sorted(last)]
+  out, total = [], 0.0
+  for k in sorted(last):  # the environment steps taken up to the end of each iteration
+    r = dict(last[k])
+    total += r.get("env_steps", float("nan"))
+    r[ENV_STEPS] = total
+    out.append(r)
+  return out
 
 
 def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
@@ -60,11 +68,14 @@ def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
   return runs
 
 
-def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+def series(records: list[dict], key: str, x: str = "iteration") -> tuple[np.ndarray, np.ndarray]:
+  """(x, y) of the records with a finite `key` (and a finite x: runs from before the env_steps
+  metric have no environment-step axis)."""
+  xk = X_AXES[x]
   pts = [
-    (r["iteration"], r[key])
+    (r[xk], r[key])
     for r in records
-    if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])
+    if isinstance(r.get(key), (int, float)) and np.isfinite(r[key]) and np.isfinite(r[xk])
   ]
   if not pts:
     return np.zeros(0), np.zeros(0)
@@ -81,11 +92,11 @@ def smooth(y: np.ndarray, window: int) -> np.ndarray:
   return out
 
 
-def plot_lines(ax, runs, key, title, window, eval_key=None):
+def plot_lines(ax, runs, key, title, window, eval_key=None, x_axis="iteration"):
   drawn = False
   for i, (name, recs) in enumerate(runs.items()):
     color = f"C{i % 10}"
-    x, y = series(recs, key)
+    x, y = series(recs, key, x_axis)
     if len(x):
       ax.plot(
         x,
@@ -99,12 +110,12 @@ def plot_lines(ax, runs, key, title, window, eval_key=None):
       )
       drawn = True
     if eval_key:
-      x, y = series(recs, eval_key)
+      x, y = series(recs, eval_key, x_axis)
       if len(x):
         ax.plot(x, y, color=color, ls="--", marker="o", ms=3, lw=1, label=f"{name} (eval)")
         drawn = True
   ax.set_title(title)
-  ax.set_xlabel("iteration")
+  ax.set_xlabel("environment steps" if x_axis == "env_steps" else "iteration")
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   fmt = ScalarFormatter(useOffset=False)
   fmt.set_scientific(False)
@@ -201,7 +212,7 @@ def plot_phases(ax, runs):
     ax.legend(fontsize=7)
 
 
-def make_plots(runs: dict, out, window: int = 1, dpi: int = 100) -> list[str]:
+def make_plots(runs: dict, out, window: int = 1, dpi: int = 100, x: str = "iteration") -> list[str]:
   out = epath.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   paths = []
@@ -215,10 +226,9 @@ def make_plots(runs: dict, out, window: int = 1, dpi: int = 100) -> list[str]:
     paths.append(str(out / name))
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  plot_lines(
-    axes[0], runs, "return_mean", "return (training rollouts)", window, eval_key="eval/return_mean"
-  )
-  plot_lines(axes[1], runs, "success", "success rate", window, eval_key="eval/success")
+  title = "return (training rollouts)"
+  plot_lines(axes[0], runs, "return_mean", title, window, eval_key="eval/return_mean", x_axis=x)
+  plot_lines(axes[1], runs, "success", "success rate", window, eval_key="eval/success", x_axis=x)
   save(fig, "returns.png")
   fig, ax = plt.subplots(figsize=(6, 4))
   plot_lines(ax, runs, "loss/entropy", "policy entropy", window)
@@ -247,12 +257,18 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True, help="directory for the PNG files")
   p.add_argument("--smooth", type=int, default=1, help="moving-average window (iterations)")
   p.add_argument("--dpi", type=int, default=100)
+  p.add_argument(
+    "--x",
+    choices=sorted(X_AXES),
+    default="iteration",
+    help="returns.png's x axis: iterations, or environment steps (the env_steps metric summed)",
+  )
   p.add_argument("--table", action="store_true", help="also print a markdown table of the runs")
   args = p.parse_args(argv)
   runs = find_runs([w for w in args.workdirs.split(",") if w])
   if args.table:
     print(table(runs))
-  for path in make_plots(runs, args.out, args.smooth, args.dpi):
+  for path in make_plots(runs, args.out, args.smooth, args.dpi, args.x):
     print(path)
   return 0
 

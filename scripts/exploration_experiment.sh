@@ -122,7 +122,7 @@ train_to() {  # train_to ARM SEED ITER: the run resumed up to ITER completed ite
     --config.seed="$seed" --config.model.checkpoint="$HF" \
     --config.train.iterations="$it" --config.train.eval_every=0 \
     --config.train.eval_at_end=False --config.train.checkpoint_every=1 \
-    --config.train.keep_checkpoints=2 --workdir="$run_dir"
+    --config.train.keep_checkpoints=2 --config.train.save_episodes=True --workdir="$run_dir"
 }
 
 check_iteration() {  # check_iteration RESULT_JSON ITER: the evaluation saw iteration ITER

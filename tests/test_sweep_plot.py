@@ -117,6 +117,28 @@ def test_plot_four_runs(tmp_path):
     plot.find_runs([str(tmp_path / "nothing")])
 
 
+def test_env_steps_axis_sums_each_kept_iteration_once(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  steps = {1: 30, 2: 25, 3: 40}
+  lines = [{"iteration": i, "return_mean": float(i), "env_steps": steps[i]} for i in (1, 2, 3)]
+  lines.insert(2, {"iteration": 2, "return_mean": 9.0, "env_steps": 999})  # redone after resume
+  lines[2], lines[1] = lines[1], lines[2]  # the first try of iteration 2 comes first
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+  recs = plot.read_run(str(run))
+  x, y = plot.series(recs, "return_mean", "env_steps")
+  kept2 = lines[2]["env_steps"]
+  np.testing.assert_array_equal(x, [30, 30 + kept2, 30 + kept2 + 40])
+  np.testing.assert_array_equal(plot.series(recs, "return_mean")[0], [1, 2, 3])
+  # runs from before the env_steps metric have no environment-step points
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "return_mean": 1.0}) + "\n")
+  assert len(plot.series(plot.read_run(str(old)), "return_mean", "env_steps")[0]) == 0
+  plot.main([f"--workdirs={run}", f"--out={tmp_path / 'plots'}", "--x=env_steps"])
+  assert (tmp_path / "plots" / "returns.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.slow
 def test_real_tiny2_sweep_then_plot(tmp_path):
   """launch/sweep.py really runs two tiny runs (one launch/train.py subprocess each, real

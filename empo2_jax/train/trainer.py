@@ -435,6 +435,7 @@ class Trainer:
       "return_std": summary["return_std"],
       "success": summary["success"],
       "episode_steps": float(np.mean([len(e.turns) for e in ok])) if ok else 0.0,
+      "env_steps": int(sum(len(e.turns) for e in ok)),  # this iteration's; plot.py --x=env_steps
       "env_failed": summary["env_failed"],
       "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
       "memory_size": len(self.memory.store),
