@@ -35,14 +35,16 @@
 #    same environment-step budget; training is staged to each of ITERS (train.iterations raised
 #    stage by stage; the run resumes from its checkpoint, checkpoint_every=1), with no in-run
 #    evaluation (launch/eval.py does it in step 4).
-# 4. eval: at each of ITERS, every run's checkpoint on ALL test variations of the target
+# 4. eval: at each of ITERS (default 6), every run's checkpoint on ALL test variations of the target
 #    (env.num_test_rows=10000 keeps all of them), eval_repeats=1, temperature 0.4, without memory
 #    (the paper's number); the EMPO2 arms also with their memory (label <arm>_mem). The SFT
 #    start itself is evaluated the same way once ($ROOT/eval/<target>/it0, label sft).
 #    launch/eval.py evaluates a run's NEWEST checkpoint, so steps 3 and 4 alternate: every run
 #    is trained to a stage, evaluated there, then trained on to the next stage.
-# 5. report: launch/table.py over each iteration's results (one column per arm, seeds averaged:
-#    mean and std over the seeds' means) and launch/plot.py over the training runs.
+# 5. report: launch/compare.py over each iteration's results (per arm: mean ± s.e. over seeds;
+#    paired differences against grpo by seed and test variation, 95% intervals over pairs and
+#    over seeds; the EMPO2 runs' tip usage and samples of their tips) and launch/plot.py over the
+#    training runs (learning curves against environment steps).
 #
 # Sized for this 2-core CPU machine (configs/sciworld.py:learn: 15-30 min an iteration, so the
 # arms are days of CPU; BASE=configs/sciworld.py:gpu,format sizes it for one accelerator).
@@ -57,7 +59,7 @@ HF=$(realpath -m "$SFT_DIR/sft/hf")  # absolute: train/eval resolve it from anyw
 CANDIDATES=${CANDIDATES:-find-non-living-thing find-animal find-plant find-living-thing lifespan-longest-lived lifespan-shortest-lived}
 CHOOSE_ROWS=${CHOOSE_ROWS:-20}
 SEEDS=${SEEDS:-0 1 2}
-ITERS=${ITERS:-4 8 12}
+ITERS=${ITERS:-6}  # docs/results.md: the sizing, fixed before the first run
 ARMS=${ARMS:-grpo empo2 empo2_rule}
 
 run() { echo "+ $*"; "$@"; }
@@ -183,10 +185,13 @@ step_arms() {  # stage by stage: every run to ITER, evaluated at ITER, then the 
 step_report() {
   local task
   task=$(target)
-  for it in 0 $ITERS; do
-    run "$PY" launch/table.py --runs="$ROOT/eval/$task/it$it" --out="$ROOT/report/it$it"
+  run "$PY" launch/table.py --runs="$ROOT/eval/$task/it0" --out="$ROOT/report/it0"  # the start
+  for it in $ITERS; do
+    run "$PY" launch/compare.py --runs="$ROOT/eval/$task/it$it" --baseline=grpo \
+      --workdirs="$ROOT/arms/$task" --out="$ROOT/report/it$it"
   done
-  run "$PY" launch/plot.py --workdirs="$ROOT/arms/$task" --out="$ROOT/report/plots" --table
+  run "$PY" launch/plot.py --workdirs="$ROOT/arms/$task" --out="$ROOT/report/plots" --table \
+    --x=env_steps
 }
 
 case "${1:-}" in
