@@ -15,8 +15,11 @@ import time
 import numpy as np
 import pytest
 
+from tests.numerics import assert_sums_close
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITERATIONS = 4
+VOCAB = 151_936  # the tiny preset's (Qwen2's) vocabulary: each log-prob is a log-sum over it
 
 
 def _command(workdir):
@@ -179,5 +182,7 @@ def test_killed_and_preempted_run_equals_uninterrupted(tmp_path):
   assert sorted(ea) == sorted(eb) and len(ea) == ITERATIONS * 2
   for k in ea:
     la_, lb_ = ea[k].pop("sampler_logprobs"), eb[k].pop("sampler_logprobs")
-    np.testing.assert_allclose(lb_, la_, atol=1e-5, err_msg=k)
+    # one process's sampler against another's: the same program, but XLA's CPU reductions may
+    # split differently; log-probs (~ -12) are log-sums over the vocabulary
+    assert_sums_close(lb_, la_, n_terms=VOCAB, err_msg=k)
     assert ea[k] == eb[k], k

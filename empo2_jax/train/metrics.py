@@ -117,6 +117,7 @@ class MetricsWriter:
     progress: bool = True,
     tensorboard: bool = True,
     sync_secs: Optional[float] = 300.0,
+    desc: str = "train",
   ):
     self.workdir = epath.Path(workdir)
     self.path = self.workdir / METRICS_FILE
@@ -133,7 +134,7 @@ class MetricsWriter:
     if progress:
       from tqdm import tqdm
 
-      self._bar = tqdm(total=total, initial=start, desc="empo2", dynamic_ncols=True)
+      self._bar = tqdm(total=total, initial=start, desc=desc, dynamic_ncols=True)
 
   # -- writing ------------------------------------------------------------------------------------
   def _tb_dir(self) -> str:

@@ -136,7 +136,9 @@ class Trainer:
     self.iteration = 0
     self.row_cursor = 0
     self.progress = progress
-    self.metrics = MetricsWriter(workdir, total=c.train.iterations, progress=progress)
+    self.metrics = MetricsWriter(
+      workdir, total=c.train.iterations, progress=progress, desc=c.method
+    )
     # Checkpoints (train/checkpoint.py): every checkpoint_every iterations (0: never), at the end,
     # and after the iteration in progress when SIGTERM (a preemption notice) arrives.
     self.checkpointer = ckpt_lib.Checkpointer(
@@ -205,6 +207,7 @@ class Trainer:
         total=self.config.train.iterations,
         start=self.iteration,
         progress=self.progress,
+        desc=self.config.method,  # the progress bar names the run's method
       )
     self.metrics.drop_after(self.iteration)  # TensorBoard: the killed run's later events go
     if step is not None and self.episode_log is not None:
