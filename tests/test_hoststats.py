@@ -5,7 +5,10 @@ import os
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.train.hoststats import CompileCounter, release_host_memory
+import numpy as np
+import pytest
+
+from empo2_jax.train.hoststats import CompileCounter, PhasePeaks, release_host_memory
 
 
 def test_compile_counter_counts_new_shapes_only():
@@ -32,6 +35,28 @@ def test_compile_counter_counts_new_shapes_only():
 def _vm_rss_gib():
   with open("/proc/self/status") as f:
     return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux /proc only")
+def test_phase_peaks_split_the_peak_by_phase():
+  peaks = PhasePeaks()
+  base = release_host_memory()
+  size = 400 * 2**20  # 400 MiB, written so that every page is resident
+  with peaks.phase("big"):
+    a = np.ones(size // 8)
+    del a
+  release_host_memory()
+  with peaks.phase("small"):
+    b = np.ones(size // 80)  # 40 MiB
+    del b
+  with peaks.phase("small"):  # a phase seen twice keeps its larger peak
+    pass
+  got = peaks.pop()
+  assert set(got) == {"host/peak_rss_gib/big", "host/peak_rss_gib/small"}
+  assert got["host/peak_rss_gib/big"] >= base + 0.95 * size / 2**30
+  # the mark was reset at "small"'s start: its peak is far below the 400 MiB one
+  assert got["host/peak_rss_gib/small"] < got["host/peak_rss_gib/big"] - 0.5 * size / 2**30
+  assert peaks.pop() == {}
 
 
 def test_release_host_memory_reports_resident_size():

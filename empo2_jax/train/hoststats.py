@@ -9,10 +9,13 @@ size it leaves (`host/rss_gib`). `peak_rss_gib` is the trainer process's peak re
 mark of this process alone. The env workers and their JVMs are separate processes (children of
 this one, still running, so RUSAGE_CHILDREN, which counts only children waited for, would miss
 them): `children_rss_gib` sums their current resident sizes (`host/children_rss_gib`).
+`PhasePeaks` splits the peak by phase (`host/peak_rss_gib/<phase>`: rollout, batching, update,
+eval): Linux's high-water mark, reset at each phase's start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -104,6 +107,58 @@ def peak_rss_gib() -> float:
 
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def _high_water_gib() -> float | None:
+  """This process's resident high-water mark (VmHWM) in GiB; None without /proc."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 2**20  # kB
+  except (OSError, ValueError):
+    pass
+  return None
+
+
+def _reset_high_water() -> bool:
+  """Resets VmHWM to the current resident size (writing 5 to /proc/self/clear_refs, Linux >= 4.0);
+  False where that is not possible. getrusage's ru_maxrss (peak_rss_gib) is not affected."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+class PhasePeaks:
+  """Peak resident memory per phase of an iteration, where the kernel allows resetting the
+  high-water mark (Linux); elsewhere nothing is recorded.
+
+      peaks = PhasePeaks()
+      with peaks.phase("update"):
+        ...
+      metrics.update(peaks.pop())  # {"host/peak_rss_gib/update": 3.1, ...}; then cleared
+  """
+
+  def __init__(self):
+    self._peaks: dict[str, float] = {}
+
+  @contextlib.contextmanager
+  def phase(self, name: str):
+    ok = _reset_high_water()
+    try:
+      yield
+    finally:
+      peak = _high_water_gib() if ok else None
+      if peak is not None:
+        self._peaks[name] = max(self._peaks.get(name, 0.0), peak)
+
+  def pop(self) -> dict[str, float]:
+    out = {f"host/peak_rss_gib/{k}": v for k, v in self._peaks.items()}
+    self._peaks.clear()
+    return out
 
 
 def _children(pid: int) -> list[int]:

@@ -34,6 +34,7 @@ from empo2_jax.train import checkpoint as ckpt_lib
 from empo2_jax.train import faults, settings
 from empo2_jax.train.hoststats import (
   CompileCounter,
+  PhasePeaks,
   children_rss_gib,
   peak_rss_gib,
   release_host_memory,
@@ -144,6 +145,7 @@ class Trainer:
     self.checkpointer = ckpt_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"), keep=c.train.keep_checkpoints
     )
+    self.phase_peaks = PhasePeaks()
     self.episode_log = None
     if c.train.save_episodes:
       from empo2_jax.data.trajectories import EpisodeLog
@@ -287,22 +289,27 @@ class Trainer:
     mode = self._mode(k_mode)
     t0 = time.perf_counter()
     rows = self.rows_for_iteration()
-    rollout = self.rollout(rows, mode, k_roll)
-    rollout_stats = {**rollout.stats, **self.reflect(rollout)}
-    # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is trained
-    # on; the returns in the metrics stay those of the policy's own episodes.
-    trained, explore_metrics = self.explorer.after_rollout(self, rollout.episodes, it, mode, k_roll)
+    with self.phase_peaks.phase("rollout"):
+      rollout = self.rollout(rows, mode, k_roll)
+      rollout_stats = {**rollout.stats, **self.reflect(rollout)}
+      # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is
+      # trained on; the returns in the metrics stay those of the policy's own episodes.
+      trained, explore_metrics = self.explorer.after_rollout(
+        self, rollout.episodes, it, mode, k_roll
+      )
     timing = rollout_timing(rollout_stats, time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    turns = trainable_turns(trained)
-    advantages = self.advantages(turns)
-    # An "off" iteration's samples are built on the tip-free view (rl/batch.views_for: "notips").
-    batch, bstats, layout = self.batch(turns, advantages)
+    with self.phase_peaks.phase("batching"):
+      turns = trainable_turns(trained)
+      advantages = self.advantages(turns)
+      # An "off" iteration's samples are built on the tip-free view (rl/batch.views_for).
+      batch, bstats, layout = self.batch(turns, advantages)
     timing["time/batching"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    upd = self.update(mode, batch, layout, bstats["n_samples"])
+    with self.phase_peaks.phase("update"):
+      upd = self.update(mode, batch, layout, bstats["n_samples"])
     timing["time/update"] = time.perf_counter() - t0
     info = dict(update=upd, batch=bstats, rollout=rollout_stats, timing=timing, env_rows=rows)
     self._stop_if_nonfinite(mode, upd, info, advantages)
@@ -512,7 +519,8 @@ class Trainer:
     """The evaluation metrics (eval/..., eval_mem/... with memory): `episode_summary` of the test
     episodes, Pass@1 and Pass@k."""
     t0 = time.perf_counter()
-    episodes = self.eval_episodes(with_memory)
+    with self.phase_peaks.phase("eval"):
+      episodes = self.eval_episodes(with_memory)
     summary = episode_summary(episodes)
     ok = [e for e in episodes if not e.env_failed]
     tag = "eval_mem" if with_memory else "eval"
@@ -553,6 +561,7 @@ class Trainer:
         m["host/rss_gib"] = release_host_memory()
         m["host/peak_rss_gib"] = peak_rss_gib()  # this process; the env processes: below
         m["host/children_rss_gib"] = children_rss_gib()
+        m.update(self.phase_peaks.pop())  # host/peak_rss_gib/<phase>: where the peak is
         # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
         if jax.process_index() == 0:
           try:
