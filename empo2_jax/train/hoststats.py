@@ -102,11 +102,11 @@ def release_host_memory() -> float:
 
 def peak_rss_gib() -> float:
   """This process's peak resident size so far in GiB (getrusage ru_maxrss: KiB on Linux, bytes on
-  macOS; monotone over the process's life)."""
+  macOS), including the marks PhasePeaks reset: monotone over the process's life."""
   import resource
 
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+  return max(peak / 2**30 if sys.platform == "darwin" else peak / 2**20, _peak_before_resets)
 
 
 def _high_water_gib() -> float | None:
@@ -121,9 +121,17 @@ def _high_water_gib() -> float | None:
   return None
 
 
+_peak_before_resets = 0.0  # GiB: the high-water mark as it was before each reset (peak_rss_gib)
+
+
 def _reset_high_water() -> bool:
   """Resets VmHWM to the current resident size (writing 5 to /proc/self/clear_refs, Linux >= 4.0);
-  False where that is not possible. getrusage's ru_maxrss (peak_rss_gib) is not affected."""
+  False where that is not possible. The kernel's getrusage ru_maxrss is the same mark and resets
+  with it, so the mark before the reset is kept for peak_rss_gib."""
+  global _peak_before_resets
+  before = _high_water_gib()
+  if before is not None:
+    _peak_before_resets = max(_peak_before_resets, before)
   try:
     with open("/proc/self/clear_refs", "w") as f:
       f.write("5")
