@@ -69,6 +69,30 @@ def test_batching_and_order_do_not_change_embeddings(encoder):
   assert encoder.encode([]).shape == (0, 384)
 
 
+def test_calls_cover_every_row_once_within_the_token_budget(encoder):
+  rng = np.random.default_rng(0)
+  for budget in (16, 256, 4096):
+    for _ in range(20):
+      lengths = sorted(rng.integers(1, 400, rng.integers(1, 150)).tolist())
+      enc = enc_mod.Encoder(encoder.params, encoder.cfg, encoder.tokenizer, 64, budget)
+      calls = enc._calls(lengths)
+      covered = [i for rows, _, _ in calls for i in range(rows.start, rows.stop)]
+      assert covered == list(range(len(lengths)))  # in order, each once
+      for rows, n_b, n_len in calls:
+        n = rows.stop - rows.start
+        assert n <= n_b <= 64 and n_b & (n_b - 1) == 0
+        assert min(lengths[rows.stop - 1], 256) <= n_len <= 256
+        assert n == 1 or n_b * n_len <= budget
+
+
+def test_token_budget_does_not_change_embeddings(encoder):
+  texts = SENTENCES + [f"go to room {i} " * (i % 40 + 1) for i in range(40)]
+  big = enc_mod.Encoder(encoder.params, encoder.cfg, encoder.tokenizer, 64, 1 << 20)
+  small = enc_mod.Encoder(encoder.params, encoder.cfg, encoder.tokenizer, 64, 512)
+  assert len(small._calls(sorted(map(len, small.tokenize(texts))))) > 4  # the budget split it
+  np.testing.assert_allclose(small.encode(texts), big.encode(texts), atol=2e-5)
+
+
 def test_semantics_similar_texts_closer(encoder):
   e = encoder.encode(
     ["open the door to the kitchen", "open door to kitchen", "the melting point of lead"]

@@ -197,9 +197,22 @@ class Encoder:
   hidden]`."""
 
   MIN_LEN = 16
+  # Padded tokens per call (rows x length). The attention scores of a call are rows x heads x
+  # length^2 floats: 64 rows of 256 tokens held ~1.4 GiB at the peak (bench/host_memory.py's
+  # finding: the memory writes of one EMPO2 iteration encode dozens of long chat keys at once);
+  # 4,096 tokens (16 rows of 256) holds ~0.35 GiB. Short texts still go 64 to a call.
+  MAX_BATCH_TOKENS = 4096
 
-  def __init__(self, params, cfg: BertConfig, tokenizer, max_batch: int = 64):
+  def __init__(
+    self,
+    params,
+    cfg: BertConfig,
+    tokenizer,
+    max_batch: int = 64,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+  ):
     self.params, self.cfg, self.max_batch = params, cfg, int(max_batch)
+    self.max_batch_tokens = int(max_batch_tokens)
     self.tokenizer = tokenizer
     self.tokenizer.no_padding()
     self.tokenizer.enable_truncation(max_length=cfg.max_seq_length)
@@ -207,7 +220,12 @@ class Encoder:
     self._embed = jax.jit(functools.partial(embed, cfg=cfg))
 
   @classmethod
-  def load(cls, path: str | os.PathLike | None = None, max_batch: int = 64) -> "Encoder":
+  def load(
+    cls,
+    path: str | os.PathLike | None = None,
+    max_batch: int = 64,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+  ) -> "Encoder":
     model_dir = Path(path) if path is not None else default_model_dir()
     if not model_dir.is_dir():
       raise FileNotFoundError(f"encoder directory {model_dir} does not exist: {_PACKAGE_HINT}")
@@ -222,7 +240,25 @@ class Encoder:
       cfg,
       Tokenizer.from_file(str(model_dir / "tokenizer.json")),
       max_batch=max_batch,
+      max_batch_tokens=max_batch_tokens,
     )
+
+  def _calls(self, lengths: Sequence[int]) -> list[tuple[slice, int, int]]:
+    """(rows, padded rows, padded length) of each embed call over texts of ascending `lengths`:
+    power-of-two buckets, at most max_batch rows and, beyond one row, at most max_batch_tokens
+    padded tokens a call."""
+    out, start = [], 0
+    while start < len(lengths):
+      n = min(self.max_batch, len(lengths) - start)
+      while True:
+        n_len = _pow2_at_least(lengths[start + n - 1], self.MIN_LEN, self.cfg.max_seq_length)
+        n_b = _pow2_at_least(n, 1, self.max_batch)
+        if n == 1 or n_b * n_len <= self.max_batch_tokens:
+          break
+        n = max(1, min(n - 1, self.max_batch_tokens // n_len))
+      out.append((slice(start, start + n), n_b, n_len))
+      start += n
+    return out
 
   def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
     return [enc.ids for enc in self.tokenizer.encode_batch(list(texts))]
@@ -235,10 +271,8 @@ class Encoder:
       return out
     ids = self.tokenize(texts)
     order = np.argsort([len(t) for t in ids], kind="stable")  # similar lengths share a bucket
-    for start in range(0, len(order), self.max_batch):
-      rows = order[start : start + self.max_batch]
-      n_len = _pow2_at_least(max(len(ids[r]) for r in rows), self.MIN_LEN, self.cfg.max_seq_length)
-      n_b = _pow2_at_least(len(rows), 1, self.max_batch)
+    for rows, n_b, n_len in self._calls([len(ids[r]) for r in order]):
+      rows = order[rows]
       ids_bl = np.zeros((n_b, n_len), np.int32)
       mask_bl = np.zeros((n_b, n_len), np.int32)
       for i, r in enumerate(rows):

@@ -10,7 +10,7 @@ mark of this process alone. The env workers and their JVMs are separate processe
 this one, still running, so RUSAGE_CHILDREN, which counts only children waited for, would miss
 them): `children_rss_gib` sums their current resident sizes (`host/children_rss_gib`).
 `PhasePeaks` splits the peak by phase (`host/peak_rss_gib/<phase>`: rollout, batching, update,
-eval): Linux's high-water mark, reset at each phase's start.
+eval): Linux's high-water mark, reset at each phase's start after a trim.
 """
 
 from __future__ import annotations
@@ -155,6 +155,9 @@ class PhasePeaks:
 
   @contextlib.contextmanager
   def phase(self, name: str):
+    # What the previous phase freed goes back to the OS first (release_host_memory), so the mark
+    # starts at what is live and a phase's peak is not the last phase's leftover heap.
+    release_host_memory()
     ok = _reset_high_water()
     try:
       yield

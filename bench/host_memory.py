@@ -1,0 +1,150 @@
+"""Where the `make train` process's memory goes (configs/sciworld.py:cpu, SmolLM2-135M fp32): the
+pieces the trainer builds, one after another in one process, with the resident size each adds,
+then the peaks of a rollout-sized prefill + decode and of an update.
+
+  .venv/bin/python bench/host_memory.py [--config configs/sciworld.py:cpu] [--rows 4]
+                                        [--prompt 1400] [--episodes 4] [--turns 4]
+
+Lines:
+  `host_memory piece=<name> rss_gib=<after> added_gib=<>` after each piece, with what it should
+  hold (`expect_gib=`) where that is a formula: params = 4 bytes x parameters; AdamW = 2 x params
+  (mu, nu); sampler cache = rows x (max_context + max prefill chunk) x layers x 2 (k, v) x
+  kv_heads x head_dim x 4 bytes.
+  `host_memory peak=<phase> peak_gib=<> above_gib=<>`: the high-water mark of a phase (reset at
+  its start after a trim, train/hoststats.PhasePeaks) and how far above the resident size before
+  it: `prefill` (every slot prefilled with --prompt tokens, then --new tokens decoded),
+  `update_compile` (AOT compile of the update) and `update` (one update on a packed batch of
+  --episodes x --turns synthetic turns, bench/update.synthetic_turns).
+The env workers and their JVMs are separate processes (`host/children_rss_gib` in a run's metrics:
+0.5-0.9 GiB for 2 workers) and are not counted here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from _common import parser, result
+from update import synthetic_turns
+
+
+def main():
+  ap = parser(__doc__)
+  ap.add_argument("--config", default="configs/sciworld.py:cpu")
+  ap.add_argument("--rows", type=int, default=0, help="sampler slots (0: rows x group)")
+  ap.add_argument("--prompt", type=int, default=1400, help="tokens prefilled per slot")
+  ap.add_argument("--new", type=int, default=16, help="tokens decoded per slot")
+  ap.add_argument("--episodes", type=int, default=4)
+  ap.add_argument("--turns", type=int, default=4)
+  ap.add_argument("--response", type=int, default=16)
+  a = ap.parse_args()
+
+  import jax
+  import jax.numpy as jnp
+
+  from empo2_jax.train.hoststats import PhasePeaks, release_host_memory
+
+  last = [release_host_memory()]
+  result("host_memory", piece="start", rss_gib=(last[0], ".2f"), flush=True)
+
+  def piece(name, expect=None):
+    rss = release_host_memory()
+    vals = dict(piece=name, rss_gib=(rss, ".2f"), added_gib=(rss - last[0], ".2f"))
+    if expect is not None:
+      vals["expect_gib"] = (expect, ".2f")
+    result("host_memory", flush=True, **vals)
+    last[0] = rss
+
+  jnp.ones(1).block_until_ready()
+  piece("jax_runtime")
+
+  from empo2_jax.defaults import load_config
+  from empo2_jax.rl import batch as batch_lib
+  from empo2_jax.rl import minibatch as minibatch_lib
+  from empo2_jax.rl import update as update_lib
+  from empo2_jax.sampling.sampler import SamplerSettings
+  from empo2_jax.sampling.session import Session
+  from empo2_jax.train import build, settings
+
+  piece("imports")
+  c = load_config(a.config)
+  model_config, params = build.policy(c)
+  jax.block_until_ready(params)  # dispatch is asynchronous: count the buffers where they land
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  pbytes = sum(x.nbytes for x in jax.tree.leaves(params)) / 2**30
+  piece("params", expect=pbytes)
+  ucfg = settings.update_config(c)
+  opt = update_lib.make_optimizer(ucfg)
+  state = jax.block_until_ready(update_lib.init_train_state(params, opt))
+  del params  # the train state holds them
+  piece("adamw_moments", expect=2 * pbytes)
+  encoder, _, _ = build.memory(c)
+  encoder.encode(["look around", "open door to kitchen"])
+  piece("minilm_encoder")
+  tok = build.tokenizer(c)
+  piece("tokenizer")
+
+  rows = a.rows or c.rollout.rows_per_iter * c.rollout.group_size
+  # the actor's sampler: default SamplerSettings with the config's cache dtype (agent/actor.py)
+  sampler_settings = SamplerSettings(cache_dtype=c.rollout.cache_dtype)
+  session = Session(state.params, model_config, num_rows=rows, max_tokens=c.rollout.max_context,
+                    settings=sampler_settings)  # fmt: skip
+  cfgm = model_config
+  slots = c.rollout.max_context + sampler_settings.max_chunk
+  per_value = np.dtype(jnp.dtype(c.rollout.cache_dtype)).itemsize
+  cache = rows * slots * cfgm.num_layers * 2 * cfgm.num_kv_heads * cfgm.head_dim * per_value
+  cache /= 2**30
+  piece("sampler_cache", expect=cache)
+
+  peaks = PhasePeaks()
+  rng = np.random.default_rng(0)
+  hists = {r: rng.integers(100, 20_000, a.prompt).tolist() for r in range(rows)}
+  before = release_host_memory()
+  with peaks.phase("prefill"):
+    session.step(hists, max_new_tokens=a.new, rng=jax.random.PRNGKey(0))
+  p = peaks.pop()["host/peak_rss_gib/prefill"]
+  result("host_memory", peak="prefill", peak_gib=(p, ".2f"), above_gib=(p - before, ".2f"))
+  del session
+  piece("after_rollout")
+
+  ucfg = dataclasses.replace(ucfg, loss=dataclasses.replace(ucfg.loss, low_prob_mask=False))
+  bcfg = settings.batch_config(c, tok.pad_token_id)
+  response = min(a.response, bcfg.response_len)
+  turns = synthetic_turns(a.episodes, a.turns, response)
+  end = tok.convert_tokens_to_ids("<|im_end|>")
+  for t in turns:
+    t.response_ids = tok(t.response, add_special_tokens=False)["input_ids"][: response - 1] + [end]
+    t.sampler_logprobs = list(rng.uniform(-3.0, -0.1, len(t.response_ids)))
+  adv = batch_lib.turn_advantages(turns, c.advantage.estimator)
+  build_fn = batch_lib.build_packed_batch if c.optim.layout == "packed" else batch_lib.build_batch
+  batch, _ = build_fn(turns, adv, tok, bcfg)
+  batch, _ = minibatch_lib.arrange(batch, ucfg, seed=(c.seed, 0))
+  flag = np.bool_(True)
+  fn = update_lib.make_update_fn(model_config, ucfg, opt)
+  before = release_host_memory()
+  with peaks.phase("update_compile"):
+    compiled = fn.lower(state, batch, None, flag).compile()
+  p = peaks.pop()["host/peak_rss_gib/update_compile"]
+  result("host_memory", peak="update_compile", peak_gib=(p, ".2f"), above_gib=(p - before, ".2f"))
+  piece("update_program")
+  before = release_host_memory()
+  with peaks.phase("update"):
+    state, met = compiled(state, batch, None, flag)
+    jax.block_until_ready((state, met))
+  p = peaks.pop()["host/peak_rss_gib/update"]
+  tokens = int(np.asarray(batch["cur_attn"]).sum())
+  result(
+    "host_memory",
+    peak="update",
+    peak_gib=(p, ".2f"),
+    above_gib=(p - before, ".2f"),
+    tokens=tokens,
+    rows=int(batch["cur_tokens"].shape[0]),
+    row_len=int(batch["cur_tokens"].shape[1]),
+    params_m=n_params / 1e6,
+  )
+
+
+if __name__ == "__main__":
+  main()
