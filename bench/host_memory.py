@@ -14,19 +14,17 @@ Lines:
   its start after a trim, train/hoststats.PhasePeaks) and how far above the resident size before
   it: `prefill` (every slot prefilled with --prompt tokens, then --new tokens decoded),
   `update_compile` (AOT compile of the update) and `update` (one update on a packed batch of
-  --episodes x --turns synthetic turns, bench/update.synthetic_turns).
+  --episodes x --turns synthetic turns, bench/update.synthetic_batch).
 The env workers and their JVMs are separate processes (`host/children_rss_gib` in a run's metrics:
 0.5-0.9 GiB for 2 workers) and are not counted here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from _common import parser, result
-from update import synthetic_turns
+from update import synthetic_batch
 
 
 def main():
@@ -60,8 +58,6 @@ def main():
   piece("jax_runtime")
 
   from empo2_jax.defaults import load_config
-  from empo2_jax.rl import batch as batch_lib
-  from empo2_jax.rl import minibatch as minibatch_lib
   from empo2_jax.rl import update as update_lib
   from empo2_jax.sampling.sampler import SamplerSettings
   from empo2_jax.sampling.session import Session
@@ -108,18 +104,7 @@ def main():
   del session
   piece("after_rollout")
 
-  ucfg = dataclasses.replace(ucfg, loss=dataclasses.replace(ucfg.loss, low_prob_mask=False))
-  bcfg = settings.batch_config(c, tok.pad_token_id)
-  response = min(a.response, bcfg.response_len)
-  turns = synthetic_turns(a.episodes, a.turns, response)
-  end = tok.convert_tokens_to_ids("<|im_end|>")
-  for t in turns:
-    t.response_ids = tok(t.response, add_special_tokens=False)["input_ids"][: response - 1] + [end]
-    t.sampler_logprobs = list(rng.uniform(-3.0, -0.1, len(t.response_ids)))
-  adv = batch_lib.turn_advantages(turns, c.advantage.estimator)
-  build_fn = batch_lib.build_packed_batch if c.optim.layout == "packed" else batch_lib.build_batch
-  batch, _ = build_fn(turns, adv, tok, bcfg)
-  batch, _ = minibatch_lib.arrange(batch, ucfg, seed=(c.seed, 0))
+  ucfg, batch, _, _ = synthetic_batch(c, tok, ucfg, a.episodes, a.turns, a.response)
   flag = np.bool_(True)
   fn = update_lib.make_update_fn(model_config, ucfg, opt)
   before = release_host_memory()

@@ -90,6 +90,29 @@ def synthetic_turns(episodes: int, turns: int, response: int, seed: int = 0):
   return out
 
 
+def synthetic_batch(c, tok, ucfg, episodes: int, turns: int, response: int):
+  """(update config without the low-prob mask, arranged batch, batch stats, layout) of `episodes`
+  x `turns` synthetic turns, as the trainer lays out a real iteration for the update."""
+  from empo2_jax.rl import batch as batch_lib
+  from empo2_jax.rl import minibatch as minibatch_lib
+  from empo2_jax.train import settings
+
+  ucfg = dataclasses.replace(ucfg, loss=dataclasses.replace(ucfg.loss, low_prob_mask=False))
+  bcfg = settings.batch_config(c, tok.pad_token_id)
+  response = min(response, bcfg.response_len)  # the config's response block (learn: 16)
+  tlist = synthetic_turns(episodes, turns, response)
+  end = tok.convert_tokens_to_ids("<|im_end|>")
+  rng = np.random.default_rng(1)
+  for t in tlist:
+    t.response_ids = tok(t.response, add_special_tokens=False)["input_ids"][: response - 1] + [end]
+    t.sampler_logprobs = list(rng.uniform(-3.0, -0.1, len(t.response_ids)))
+  adv = batch_lib.turn_advantages(tlist, c.advantage.estimator)
+  build_fn = batch_lib.build_packed_batch if c.optim.layout == "packed" else batch_lib.build_batch
+  batch, stats = build_fn(tlist, adv, tok, bcfg)
+  batch, layout = minibatch_lib.arrange(batch, ucfg, seed=(c.seed, 0))
+  return ucfg, batch, stats, layout
+
+
 def model_flops(config, params, batch, old_pass: bool) -> float:
   """The update's model flops (module docstring)."""
   import jax
@@ -110,8 +133,6 @@ def child(setting: str, episodes: int, turns: int, response: int) -> dict:
   import jax
 
   from empo2_jax.defaults import load_config
-  from empo2_jax.rl import batch as batch_lib
-  from empo2_jax.rl import minibatch as minibatch_lib
   from empo2_jax.rl import update as update_lib
   from empo2_jax.train import build, settings
 
@@ -125,20 +146,9 @@ def child(setting: str, episodes: int, turns: int, response: int) -> dict:
   if setting == "old" and hasattr(model_config, "attention_impl"):
     model_config = model_config.replace(attention_impl="dense")
   tok = build.tokenizer(c)
-  ucfg = settings.update_config(c)
-  ucfg = dataclasses.replace(ucfg, loss=dataclasses.replace(ucfg.loss, low_prob_mask=False))
-  bcfg = settings.batch_config(c, tok.pad_token_id)
-  response = min(response, bcfg.response_len)  # the config's response block (learn: 16)
-  tlist = synthetic_turns(episodes, turns, response)
-  end = tok.convert_tokens_to_ids("<|im_end|>")
-  rng = np.random.default_rng(1)
-  for t in tlist:
-    t.response_ids = tok(t.response, add_special_tokens=False)["input_ids"][: response - 1] + [end]
-    t.sampler_logprobs = list(rng.uniform(-3.0, -0.1, len(t.response_ids)))
-  adv = batch_lib.turn_advantages(tlist, c.advantage.estimator)
-  build_fn = batch_lib.build_packed_batch if c.optim.layout == "packed" else batch_lib.build_batch
-  batch, stats = build_fn(tlist, adv, tok, bcfg)
-  batch, layout = minibatch_lib.arrange(batch, ucfg, seed=(c.seed, 0))
+  ucfg, batch, stats, layout = synthetic_batch(
+    c, tok, settings.update_config(c), episodes, turns, response
+  )
   opt = update_lib.make_optimizer(ucfg)
   state = update_lib.init_train_state(params, opt)
   flag = np.bool_(True)  # an on-policy iteration; ignored by the recompute program

@@ -9,8 +9,8 @@ size it leaves (`host/rss_gib`). `peak_rss_gib` is the trainer process's peak re
 mark of this process alone. The env workers and their JVMs are separate processes (children of
 this one, still running, so RUSAGE_CHILDREN, which counts only children waited for, would miss
 them): `children_rss_gib` sums their current resident sizes (`host/children_rss_gib`).
-`PhasePeaks` splits the peak by phase (`host/peak_rss_gib/<phase>`: rollout, batching, update,
-eval): Linux's high-water mark, reset at each phase's start after a trim.
+`PhasePeaks` splits the peak by phase (`host/peak_rss_gib/<phase>`: rollout, reflect, explore,
+batching, update, eval): Linux's high-water mark, reset at each phase's start after a trim.
 """
 
 from __future__ import annotations

@@ -291,7 +291,9 @@ class Trainer:
     rows = self.rows_for_iteration()
     with self.phase_peaks.phase("rollout"):
       rollout = self.rollout(rows, mode, k_roll)
+    with self.phase_peaks.phase("reflect"):
       rollout_stats = {**rollout.stats, **self.reflect(rollout)}
+    with self.phase_peaks.phase("explore"):
       # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is
       # trained on; the returns in the metrics stay those of the policy's own episodes.
       trained, explore_metrics = self.explorer.after_rollout(
