@@ -110,6 +110,30 @@ def test_keeps_last_n(tmp_path):
   ckpt.close()
 
 
+def test_checkpoint_async_setting_and_a_synchronous_save(tmp_path):
+  assert [ckpt_lib.async_saves(s, "cpu") for s in ckpt_lib.CHECKPOINT_ASYNC] == [False, True, False]
+  assert [ckpt_lib.async_saves(s, "tpu") for s in ckpt_lib.CHECKPOINT_ASYNC] == [True, True, False]
+  with pytest.raises(ValueError, match="checkpoint_async='sync'; valid: auto"):
+    ckpt_lib.async_saves("sync", "cpu")
+  from empo2_jax.train.build import ConfigError, check_config
+
+  c = sciworld.get_config("tiny")
+  c.train.checkpoint_async = "sync"
+  with pytest.raises(ConfigError, match="valid: auto"):
+    check_config(c)
+  # a synchronous save is finished when save() returns: restorable by another checkpointer
+  # while this one is still open, and no save is in flight
+  ckpt = ckpt_lib.Checkpointer(tmp_path / "checkpoints", keep=2, async_save=False)
+  t = FakeTrainer(tmp_path, seed=3)
+  t.iteration = 1
+  ckpt_lib.save_trainer(ckpt, t)
+  assert ckpt._pending is None or not ckpt.manager.is_saving_in_progress()
+  other = FakeTrainer(tmp_path, seed=4)
+  assert ckpt_lib.restore_trainer(ckpt_lib.Checkpointer(tmp_path / "checkpoints"), other) == 1
+  _equal(other.state, t.state)
+  ckpt.close()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete_meta"])
 def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, damage):
   saved = _save_steps(tmp_path, seeds=[3, 4])

@@ -53,9 +53,11 @@ def check_config(c) -> None:
       "memory and launch/adapt.py read the task's other slots), none"
     )
   from empo2_jax.memory.rule_tip import check_reflector
+  from empo2_jax.train.checkpoint import async_saves
 
   try:
     check_reflector(c.empo2.reflector)
+    async_saves(c.train.checkpoint_async, "cpu")
   except ValueError as e:
     raise ConfigError(str(e)) from None
   if c.optim.layout not in ("packed", "turn"):

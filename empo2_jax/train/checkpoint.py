@@ -99,6 +99,21 @@ def rewrite_records(workdir, records: list[dict]) -> None:
   tmp.replace(path)
 
 
+CHECKPOINT_ASYNC = ("auto", "always", "never")  # config train.checkpoint_async
+
+
+def async_saves(setting: str, backend: str) -> bool:
+  """Whether saves are async for train.checkpoint_async=`setting` on `backend` (jax's platform):
+  "auto" is async except on "cpu", where the async save's host copy doubles the saved state in
+  RAM until the write ends; a synchronous save writes from the live arrays."""
+  if setting not in CHECKPOINT_ASYNC:
+    raise ValueError(
+      f"train.checkpoint_async={setting!r}; valid: auto (async except on a CPU backend), "
+      "always, never"
+    )
+  return setting == "always" or (setting == "auto" and backend != "cpu")
+
+
 # -- the checkpointer
 # ---------------------------------------------------------------------------------
 class Checkpointer:
@@ -349,6 +364,8 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
 
 
 __all__ = [
+  "CHECKPOINT_ASYNC",
+  "async_saves",
   "Checkpointer",
   "CheckpointSaveError",
   "save_trainer",

@@ -143,7 +143,9 @@ class Trainer:
     # Checkpoints (train/checkpoint.py): every checkpoint_every iterations (0: never), at the end,
     # and after the iteration in progress when SIGTERM (a preemption notice) arrives.
     self.checkpointer = ckpt_lib.Checkpointer(
-      os.path.join(workdir, "checkpoints"), keep=c.train.keep_checkpoints
+      os.path.join(workdir, "checkpoints"),
+      keep=c.train.keep_checkpoints,
+      async_save=ckpt_lib.async_saves(c.train.checkpoint_async, jax.default_backend()),
     )
     self.phase_peaks = PhasePeaks()
     self.episode_log = None
