@@ -167,7 +167,7 @@ def get_config(arg=None):
     # auto: async saves (the write overlaps the next iteration) except on a CPU backend, where the
     # state already is host memory and the async save's copy of it for the write held ~1.5 GiB
     # (SmolLM2's params + AdamW moments) through the next rollout: the make-train peak
-    # (bench/host_memory.py, README "Memory"). always | never force it.
+    # (README, the bench/host_memory.py row). always | never force it.
     checkpoint_async="auto",
     save_episodes=False,
     profile_iteration=0,  # >0: a jax.profiler trace of that iteration in <workdir>/profile
