@@ -30,7 +30,8 @@
 # 3. arms: grpo (method=grpo, p_memory=0), empo2 (method=empo2, the paper's p=0.25, q=2/3) and
 #    empo2_rule (empo2 with empo2.reflector=rule: tips built from the score gains and unmet
 #    subgoals, a mechanism check; memory, modes and updates as in empo2), seeds SEEDS, all from
-#    the one SFT checkpoint. Each arm runs the same iterations of rows_per_iter x group_size
+#    the one SFT checkpoint, cycling over the first TRAIN_ROWS (4) train variations. Each arm
+#    runs the same iterations of rows_per_iter x group_size
 #    episodes of at most env.max_steps steps (configs/sciworld.py:learn: 2 x 4 x 10), i.e. the
 #    same environment-step budget; training is staged to each of ITERS (train.iterations raised
 #    stage by stage; the run resumes from its checkpoint, checkpoint_every=1), with no in-run
@@ -60,6 +61,12 @@ CANDIDATES=${CANDIDATES:-find-non-living-thing find-animal find-plant find-livin
 CHOOSE_ROWS=${CHOOSE_ROWS:-20}
 SEEDS=${SEEDS:-0 1 2}
 ITERS=${ITERS:-6}  # docs/results.md: the sizing, fixed before the first run
+# Train variations the arms cycle over (rows_per_iter = 2 a iteration, a per-epoch permutation):
+# with 4, every variation recurs every second iteration, so from iteration 3 on a memory rollout
+# reads tips its variation's earlier visits wrote. The first protocol kept learn's 10: in 6
+# iterations a memory iteration almost always met a variation not seen before and retrieved
+# nothing (docs/results.md, "Protocol 2").
+TRAIN_ROWS=${TRAIN_ROWS:-4}
 ARMS=${ARMS:-grpo empo2 empo2_rule}
 
 run() { echo "+ $*"; "$@"; }
@@ -121,7 +128,7 @@ train_to() {  # train_to ARM SEED ITER: the run resumed up to ITER completed ite
   [ "$(done_iters "$run_dir")" -ge "$it" ] && return
   # shellcheck disable=SC2046
   run "$PY" launch/train.py --config="$BASE,task=$task" $(arm_flags "$arm") \
-    --config.seed="$seed" --config.model.checkpoint="$HF" \
+    --config.seed="$seed" --config.model.checkpoint="$HF" --config.env.num_train_rows="$TRAIN_ROWS" \
     --config.train.iterations="$it" --config.train.eval_every=0 \
     --config.train.eval_at_end=False --config.train.checkpoint_every=1 \
     --config.train.keep_checkpoints=2 --config.train.save_episodes=True --workdir="$run_dir"
