@@ -65,6 +65,11 @@ def main(argv=None) -> int:
     help=f"none | full | dots_saveable; default {c.model.remat} (configs/base.py)",
   )
   p.add_argument(
+    "--attention_impl",
+    default=c.model.attention_impl,
+    help=f"flash | dense; default {c.model.attention_impl} (configs/base.py)",
+  )
+  p.add_argument(
     "--param_dtype",
     default=c.model.param_dtype,
     help=f"weight storage; default {c.model.param_dtype} (configs/base.py)",
@@ -106,6 +111,7 @@ def main(argv=None) -> int:
     loss_chunk=a.loss_chunk,
     hbm_gib=a.hbm_gib,
     cost_probe=not a.no_cost_probe,
+    attention_impl=a.attention_impl,
   )
   try:
     report = aot.compile_program(req)

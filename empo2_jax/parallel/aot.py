@@ -85,6 +85,7 @@ class AotRequest:
   loss_chunk: int = 512
   hbm_gib: float | None = None  # override the chip table (what-if / tests)
   cost_probe: bool = True  # compile the two small probes for flops / time / MFU
+  attention_impl: str = "flash"  # model.attention_impl (launch/aot.py passes the config's)
 
 
 class Program(NamedTuple):
@@ -251,7 +252,11 @@ def compile_program(req: AotRequest) -> dict:
   chips = len({tuple(d.coords) for d in devices})
   per_chip_devices = len(devices) // chips
   config = get_preset(
-    req.preset, remat=req.remat, param_dtype=req.param_dtype, compute_dtype=req.compute_dtype
+    req.preset,
+    remat=req.remat,
+    param_dtype=req.param_dtype,
+    compute_dtype=req.compute_dtype,
+    attention_impl=req.attention_impl,
   )
   mesh = make_mesh(req.mesh, devices)
   prog = PROGRAMS[req.program](config, mesh, req)
