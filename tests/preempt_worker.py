@@ -21,6 +21,7 @@ import ml_collections  # noqa: E402
 
 import jax  # noqa: E402
 
+from empo2_jax.train.hoststats import PhasePeaks  # noqa: E402
 from empo2_jax.train.trainer import Trainer  # noqa: E402
 
 ITERATIONS = 200  # far more than run before the test's SIGTERM
@@ -49,6 +50,7 @@ def stub_trainer(out_dir: str, pid: int) -> Trainer:
     }
   )
   t.iteration, t.preempted, t.episode_log, t.metrics = 0, False, None, _Metrics()
+  t.phase_peaks = PhasePeaks()
   t._sigterm, t._old_sigterm = False, signal.signal(signal.SIGTERM, t._on_sigterm)
   progress = open(os.path.join(out_dir, f"progress-{pid}"), "a")
   saved = os.path.join(out_dir, f"saved-{pid}")
