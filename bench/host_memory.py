@@ -93,38 +93,32 @@ def main():
   cache /= 2**30
   piece("sampler_cache", expect=cache)
 
-  peaks = PhasePeaks()
+  def peak(name, fn, **extra):
+    """fn()'s value; prints the high-water mark during fn and how far above the resident size
+    before it (PhasePeaks trims first, so both are measured from live memory)."""
+    peaks = PhasePeaks()
+    before = release_host_memory()
+    with peaks.phase(name):
+      out = fn()
+    p = peaks.pop()[f"host/peak_rss_gib/{name}"]
+    result("host_memory", peak=name, peak_gib=(p, ".2f"), above_gib=(p - before, ".2f"), **extra)
+    return out
+
   rng = np.random.default_rng(0)
   hists = {r: rng.integers(100, 20_000, a.prompt).tolist() for r in range(rows)}
-  before = release_host_memory()
-  with peaks.phase("prefill"):
-    session.step(hists, max_new_tokens=a.new, rng=jax.random.PRNGKey(0))
-  p = peaks.pop()["host/peak_rss_gib/prefill"]
-  result("host_memory", peak="prefill", peak_gib=(p, ".2f"), above_gib=(p - before, ".2f"))
+  peak("prefill", lambda s=session: s.step(hists, max_new_tokens=a.new, rng=jax.random.PRNGKey(0)))
   del session
   piece("after_rollout")
 
   ucfg, batch, _, _ = synthetic_batch(c, tok, ucfg, a.episodes, a.turns, a.response)
   flag = np.bool_(True)
   fn = update_lib.make_update_fn(model_config, ucfg, opt)
-  before = release_host_memory()
-  with peaks.phase("update_compile"):
-    compiled = fn.lower(state, batch, None, flag).compile()
-  p = peaks.pop()["host/peak_rss_gib/update_compile"]
-  result("host_memory", peak="update_compile", peak_gib=(p, ".2f"), above_gib=(p - before, ".2f"))
+  compiled = peak("update_compile", lambda: fn.lower(state, batch, None, flag).compile())
   piece("update_program")
-  before = release_host_memory()
-  with peaks.phase("update"):
-    state, met = compiled(state, batch, None, flag)
-    jax.block_until_ready((state, met))
-  p = peaks.pop()["host/peak_rss_gib/update"]
-  tokens = int(np.asarray(batch["cur_attn"]).sum())
-  result(
-    "host_memory",
-    peak="update",
-    peak_gib=(p, ".2f"),
-    above_gib=(p - before, ".2f"),
-    tokens=tokens,
+  peak(
+    "update",
+    lambda: jax.block_until_ready(compiled(state, batch, None, flag)),
+    tokens=int(np.asarray(batch["cur_attn"]).sum()),
     rows=int(batch["cur_tokens"].shape[0]),
     row_len=int(batch["cur_tokens"].shape[1]),
     params_m=n_params / 1e6,
