@@ -23,34 +23,27 @@ from empo2_jax.baselines.results import read_results
 from empo2_jax.train import compare
 
 
-def _runs_below(root: epath.Path) -> list[epath.Path]:
-  """A training run (it has metrics.jsonl) or the runs one level below."""
-  if (root / "metrics.jsonl").exists():
-    return [root]
-  return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists())
-
-
 def tip_lines(workdirs: list[str]) -> tuple[list[str], dict]:
   from empo2_jax.data import episodes_html
+  from empo2_jax.train.metrics import run_dirs
 
   lines, out = [], {}
-  for root in workdirs:
-    for run in _runs_below(epath.Path(root)):
-      try:
-        usage = compare.tip_usage(episodes_html.read_records(run))
-      except cli.UserError:
-        continue  # no saved episodes
-      if not usage["memory_episodes"] and not usage["tips_written"]:
-        continue  # a run without memory (GRPO)
-      out[run.name] = usage
-      lines.append(
-        f"- {run.name}: {usage['memory_episodes']} of {usage['episodes']} episodes with memory; "
-        f"{usage['steps_with_tips']} of their {usage['memory_steps']} steps showed a tip; "
-        f"{usage['tips_written']} tips written"
-      )
-      for kind in ("written", "shown"):
-        for t in usage[kind]:
-          lines.append(f"  - {kind}: {json.dumps(t)}")
+  for run in run_dirs(workdirs):
+    try:
+      usage = compare.tip_usage(episodes_html.read_records(run))
+    except cli.UserError:
+      continue  # no saved episodes
+    if not usage["memory_episodes"] and not usage["tips_written"]:
+      continue  # a run without memory (GRPO)
+    out[run.name] = usage
+    lines.append(
+      f"- {run.name}: {usage['memory_episodes']} of {usage['episodes']} episodes with memory; "
+      f"{usage['steps_with_tips']} of their {usage['memory_steps']} steps showed a tip; "
+      f"{usage['tips_written']} tips written"
+    )
+    for kind in ("written", "shown"):
+      for t in usage[kind]:
+        lines.append(f"  - {kind}: {json.dumps(t)}")
   return lines, out
 
 

@@ -50,22 +50,10 @@ def read_run(workdir) -> list[dict]:
 
 
 def find_runs(workdirs: list[str]) -> dict[str, list[dict]]:
-  runs = {}
-  for w in workdirs:
-    w = epath.Path(w.rstrip("/"))
-    if (w / METRICS).exists():
-      runs[w.name] = read_run(w)
-      continue
-    subs = sorted(d.name for d in w.iterdir() if (d / METRICS).exists()) if w.is_dir() else []
-    if not subs:
-      raise cli.UserError(
-        f"no {METRICS} here and no run directories with one",
-        str(w),
-        "pass run workdirs or sweep roots (--workdirs=A,B)",
-      )
-    for d in subs:
-      runs[d] = read_run(w / d)
-  return runs
+  """{run name: its records} for train/metrics.run_dirs(workdirs)."""
+  from empo2_jax.train.metrics import run_dirs
+
+  return {w.name: read_run(w) for w in run_dirs(workdirs)}
 
 
 def series(records: list[dict], key: str, x: str = "iteration") -> tuple[np.ndarray, np.ndarray]:

@@ -94,6 +94,29 @@ def episode_summary(episodes: Sequence) -> dict:
   }
 
 
+def run_dirs(workdirs: Sequence[str]) -> list[epath.Path]:
+  """The training runs named by `workdirs` (local or gs://): a directory with a metrics.jsonl is
+  a run; one without stands for its subdirectories that have one (a sweep root), sorted by name.
+  UserError for a directory that is neither."""
+  from empo2_jax.errors import UserError
+
+  out = []
+  for w in workdirs:
+    w = epath.Path(str(w).rstrip("/"))
+    if (w / METRICS_FILE).exists():
+      out.append(w)
+      continue
+    subs = sorted(d for d in w.iterdir() if (d / METRICS_FILE).exists()) if w.is_dir() else []
+    if not subs:
+      raise UserError(
+        f"no {METRICS_FILE} here and no run directories with one",
+        str(w),
+        "pass run workdirs or sweep roots (--workdirs=A,B)",
+      )
+    out += subs
+  return out
+
+
 def pass_at_k(group_ids: Sequence, successes: Sequence[bool]) -> tuple[float, float, int]:
   """SPA's es_manager metric over repeated episodes of each group (docs/methods.md §7):
   (pass@1, pass@k, k): pass@1 = mean success; pass@k = mean over groups of any success in
@@ -346,6 +369,7 @@ __all__ = [
   "return_summary",
   "episode_summary",
   "pass_at_k",
+  "run_dirs",
   "MetricsWriter",
   "read_metrics",
   "read_scalars",
