@@ -15,6 +15,9 @@ Lines:
   it: `prefill` (every slot prefilled with --prompt tokens, then --new tokens decoded),
   `update_compile` (AOT compile of the update) and `update` (one update on a packed batch of
   --episodes x --turns synthetic turns, bench/update.synthetic_batch).
+  `host_memory program=update temp_gib= argument_gib= output_gib= alias_gib= grads_gib=`: the
+  compiled update's memory plan (compiled.memory_analysis(): the temp block holds everything the
+  program allocates itself), beside 2 x params (gradient accumulator + a micro-batch's gradient).
 The env workers and their JVMs are separate processes (`host/children_rss_gib` in a run's metrics:
 0.5-0.9 GiB for 2 workers) and are not counted here.
 """
@@ -115,6 +118,17 @@ def main():
   fn = update_lib.make_update_fn(model_config, ucfg, opt)
   compiled = peak("update_compile", lambda: fn.lower(state, batch, None, flag).compile())
   piece("update_program")
+  ma = compiled.memory_analysis()  # XLA's buffer plan: one temp block for the program's live set
+  if ma is not None:
+    result(
+      "host_memory",
+      program="update",
+      temp_gib=(ma.temp_size_in_bytes / 2**30, ".2f"),
+      argument_gib=(ma.argument_size_in_bytes / 2**30, ".2f"),
+      output_gib=(ma.output_size_in_bytes / 2**30, ".2f"),
+      alias_gib=(ma.alias_size_in_bytes / 2**30, ".2f"),
+      grads_gib=(2 * pbytes, ".2f"),  # the gradient accumulator and one micro-batch's gradient
+    )
   peak(
     "update",
     lambda: jax.block_until_ready(compiled(state, batch, None, flag)),

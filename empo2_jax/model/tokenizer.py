@@ -207,7 +207,10 @@ def load_tokenizer(path: Optional[str] = None):
   neither. A tokenizer without a chat template gets ChatML; one without a pad token pads with
   <|endoftext|> when it has that token, else with its eos token.
   """
-  from transformers import AutoTokenizer, PreTrainedTokenizerFast
+  # AutoTokenizer is imported only where it is used: importing it imports transformers'
+  # configuration module, which imports torch when torch is installed (+0.21 GiB resident for the
+  # whole run; bench/host_memory.py). The bundled and .gguf tokenizers do not need it.
+  from transformers import PreTrainedTokenizerFast
 
   if path is None:
     tok = PreTrainedTokenizerFast.from_pretrained(bundled_tokenizer_dir())
@@ -221,6 +224,8 @@ def load_tokenizer(path: Optional[str] = None):
     with remote.local_dir(path, remote.TOKENIZER_SUFFIXES, remote.TOKENIZER_SKIP) as local:
       return load_tokenizer.__wrapped__(local)
   elif os.path.exists(os.path.join(path, "tokenizer.json")):
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(path)
   elif os.path.exists(os.path.join(path, "tokenizer.model")):
     from empo2_jax.model.spm import load_spm_tokenizer

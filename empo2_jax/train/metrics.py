@@ -29,12 +29,14 @@ drop_after, every reader sees exactly one point per iteration.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 import time
 import uuid
@@ -246,10 +248,30 @@ class MetricsWriter:
 
 
 # -- event files ----------------------------------------------------------------------------------
+@functools.cache
+def _tbx():
+  """(Event, Summary, masked_crc32c): tensorboardX's protos and record checksum, all this module
+  uses of it. tensorboardX's package __init__ imports torch where it is installed, for a type
+  alias the protos do not need; a training run would carry torch (+0.2 GiB resident,
+  bench/host_memory.py) without ever using it. So torch is hidden while tensorboardX loads
+  (`import torch` raises ImportError there, which tensorboardX handles), unless it is loaded
+  already; a later `import torch` elsewhere works as usual."""
+  hide = "torch" not in sys.modules
+  if hide:
+    sys.modules["torch"] = None  # type: ignore[assignment]
+  try:
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.record_writer import masked_crc32c
+  finally:
+    if hide:
+      del sys.modules["torch"]
+  return Event, Summary, masked_crc32c
+
+
 def _frame(payload: bytes) -> bytes:
   """One TFRecord: length, masked CRC32C of the length, payload, masked CRC32C of the payload."""
-  from tensorboardX.record_writer import masked_crc32c
-
+  masked_crc32c = _tbx()[2]
   header = struct.pack("<Q", len(payload))
   return (
     header
@@ -265,8 +287,7 @@ class EventFile:
   queue, so a copy taken after flush() can miss the last iteration.)"""
 
   def __init__(self, directory: str):
-    from tensorboardX.proto.event_pb2 import Event
-
+    Event = _tbx()[0]
     os.makedirs(directory, exist_ok=True)
     # TensorBoard reads the files of a directory in name order: the start time, to the
     # microsecond, keeps a resumed run's file after the killed one's (tensorboardX's names have
@@ -284,9 +305,7 @@ class EventFile:
     self._f.flush()
 
   def write(self, step: int, scalars: dict[str, float], wall_time: Optional[float] = None):
-    from tensorboardX.proto.event_pb2 import Event
-    from tensorboardX.proto.summary_pb2 import Summary
-
+    Event, Summary, _ = _tbx()
     values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
     wall_time = time.time() if wall_time is None else wall_time
     self._put(Event(wall_time=wall_time, step=int(step), summary=Summary(value=values)))
@@ -307,9 +326,7 @@ def _event_records(data: bytes) -> Iterator[tuple[bytes, Any]]:
   """(raw record, parsed Event) for each complete record of an event file (TFRecord framing:
   length, masked CRC of the length, payload, masked CRC of the payload). Stops at a record cut
   short or failing its CRC: the end of a file whose writer was killed."""
-  from tensorboardX.proto.event_pb2 import Event
-  from tensorboardX.record_writer import masked_crc32c
-
+  Event, _, masked_crc32c = _tbx()
   pos = 0
   while pos + 12 <= len(data):
     header = data[pos : pos + 8]
