@@ -128,17 +128,21 @@ def _best_seconds(fn: Callable[[], Any], iters: int) -> float:
   return best
 
 
-def matmul_gflops(n: int = 4096, iters: int = 5) -> float:
+def matmul_gflops(
+  n: int = 4096, iters: int = 5, shape: tuple[int, int, int] | None = None
+) -> float:
   """fp32 matmul peak as JAX reaches it: a jitted [n, n] @ [n, n] jnp.dot, 2 n^3 flops a call,
-  the best of `iters` calls after a warm-up, in GFLOP/s."""
+  the best of `iters` calls after a warm-up, in GFLOP/s. `shape` (m, k, n) times an [m, k] @
+  [k, n] product instead (2 m k n flops): the rate at a model's own matmul shapes."""
   import jax
   import jax.numpy as jnp
 
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+  m, k, n = shape or (n, n, n)
+  a = jax.random.normal(jax.random.PRNGKey(0), (m, k), jnp.float32)
+  b = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)
   f = jax.jit(jnp.dot)
   secs = _best_seconds(lambda: f(a, b).block_until_ready(), iters)
-  return 2.0 * n**3 / secs / 1e9
+  return 2.0 * m * k * n / secs / 1e9
 
 
 def membw_gbs(mib: int = 512, iters: int = 5) -> float:
@@ -178,3 +182,54 @@ def sciworld_texts(n: int, seed: int = 0) -> list[str]:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.sciworld_texts(n, seed=seed)
+
+
+# -- profiles --------------------------------------------------------------------------------------
+def op_kind(name: str) -> str:
+  """An XLA op's kind from its trace name: 'fusion.12' -> 'fusion', 'dot.3' -> 'dot'."""
+  base = name.split(" ")[0]
+  head, _, tail = base.rpartition(".")
+  return head if head and tail.isdigit() else base
+
+
+def trace_breakdown(trace_dir: str, top: int = 12) -> list[tuple[str, float, int]]:
+  """[(op kind, exclusive seconds, count)] from the Perfetto trace that
+  jax.profiler.trace(trace_dir, create_perfetto_trace=True) wrote, heaviest first. Exclusive:
+  an event's duration less its children's on the same thread (a while loop's own time, not its
+  body's). Only XLA op events count (those naming an `hlo_op`; not Python or PjRt frames).
+  On XLA:CPU, `ynn_fusion` ops are the matmuls (with what XLA fused into them) that the YNNPACK
+  library runs; `dot`/`dot_general` the ones it does not."""
+  import collections
+  import glob
+  import gzip
+  import json
+
+  (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+  with gzip.open(path, "rt") as f:
+    events = [
+      e
+      for e in json.load(f)["traceEvents"]
+      if e.get("ph") == "X" and "dur" in e and "hlo_op" in e.get("args", {})
+    ]
+  by_thread = collections.defaultdict(list)
+  for e in events:
+    by_thread[(e.get("pid"), e.get("tid"))].append(e)
+  total = collections.Counter()
+  count = collections.Counter()
+  for evs in by_thread.values():
+    evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+    stack: list[list] = []  # [end, kind, child time]
+    for e in evs:
+      while stack and stack[-1][0] <= e["ts"]:
+        end, kind, child = stack.pop()
+        total[kind] -= child
+      if stack:
+        stack[-1][2] += e["dur"]
+      kind = op_kind(e["args"]["hlo_op"])
+      total[kind] += e["dur"]
+      count[kind] += 1
+      stack.append([e["ts"] + e["dur"], kind, 0.0])
+    for _, kind, child in stack:
+      total[kind] -= child
+  rows = [(k, total[k] / 1e6, count[k]) for k in total]
+  return sorted(rows, key=lambda r: -r[1])[:top]

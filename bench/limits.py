@@ -6,10 +6,24 @@ matmul: a jitted fp32 [n, n] @ [n, n] jnp.dot (2 n^3 flops), GFLOP/s of the best
 after a warm-up. membw: a jitted x + 1 over a `mib` MiB fp32 array, in place (donated: a read and a
 write per element), GB/s (1e9 bytes, read + write) of the best call. On a shared machine both are
 what was free at the time; the best of several calls approaches the idle figure.
-Last line: `limits matmul_gflops=<x> membw_gbs=<y>`.
+Then `limits_shape matmul= m= k= n= gflops= frac_of_square=` for the matmuls of the SmolLM2 update
+(bench/update.py: 1,152-token packed rows, hidden 576, MLP 1,536, 3 KV heads x 64, vocabulary
+49,152 for ~256 response positions; the backward's weight gradients contract over the tokens):
+what the probe's square matmul promises at these shapes. Last line: `limits matmul_gflops=<x>
+membw_gbs=<y>`.
 """
 
 from _common import matmul_gflops, membw_gbs, parser, platform, result
+
+# (name, m, k, n) of an [m, k] @ [k, n] product in the SmolLM2-135M update at learn,wide sizes
+MODEL_SHAPES = (
+  ("q_or_o_proj", 1152, 576, 576),
+  ("kv_proj", 1152, 576, 192),
+  ("mlp_up", 1152, 576, 1536),
+  ("mlp_down", 1152, 1536, 576),
+  ("mlp_up_weight_grad", 576, 1152, 1536),
+  ("lm_head", 256, 576, 49152),
+)
 
 
 def main():
@@ -21,6 +35,11 @@ def main():
   print(f"platform={platform()}", flush=True)
   mm = matmul_gflops(args.n, args.iters)
   bw = membw_gbs(args.mib, args.iters)
+  for name, m, k, n in MODEL_SHAPES:
+    g = matmul_gflops(iters=args.iters, shape=(m, k, n))
+    result(
+      "limits_shape", matmul=name, m=m, k=k, n=n, gflops=(g, ".1f"), frac_of_square=(g / mm, ".2f")
+    )
   result("limits", matmul_gflops=(mm, ".1f"), membw_gbs=(bw, ".2f"))
 
 

@@ -33,6 +33,9 @@ Lines, per setting: `update setting=<s> s=<> tokens_per_s=<> model_gflops_per_s=
 frac_of_matmul_peak=<> peak_rss_gib=<>` (matmul peak: _common.matmul_gflops run in the same
 process first; tokens = real tokens of the packed rows; peak RSS of that process), then
 `update_s old=<> new=<> ratio=<old/new>`.
+With --profile DIR, each setting's program runs once more under jax.profiler.trace (DIR/<setting>,
+with a Perfetto trace) and `update_profile setting= op= s= calls=` lines give its heaviest XLA op
+kinds by exclusive time (bench/_common.trace_breakdown).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import time
 
 import numpy as np
 
-from _common import REPO, matmul_gflops, parser, peak_rss_gib, result
+from _common import REPO, matmul_gflops, parser, peak_rss_gib, result, trace_breakdown
 
 CONFIG = "configs/sciworld.py:learn,wide"
 WORDS = (
@@ -129,7 +132,7 @@ def model_flops(config, params, batch, old_pass: bool) -> float:
   return float(flops)
 
 
-def child(setting: str, episodes: int, turns: int, response: int) -> dict:
+def child(setting: str, episodes: int, turns: int, response: int, profile: str = "") -> dict:
   import jax
 
   from empo2_jax.defaults import load_config
@@ -161,6 +164,9 @@ def child(setting: str, episodes: int, turns: int, response: int) -> dict:
   jax.block_until_ready((state, met))
   secs = time.perf_counter() - t0
   met = jax.device_get(met)
+  if profile:  # a second call, traced (the timed one above is not)
+    with jax.profiler.trace(profile, create_perfetto_trace=True):
+      jax.block_until_ready(compiled(state, batch, None, flag))
   old_pass = not bool(met.get("old_from_sampler", 0.0))
   flops = model_flops(model_config, params, batch, old_pass)
   tokens = float(np.asarray(batch["cur_attn"]).sum())
@@ -190,15 +196,19 @@ def main():
   ap.add_argument("--turns", type=int, default=10)
   ap.add_argument("--response", type=int, default=32, help="response tokens a turn (capped)")
   ap.add_argument("--settings", default="old,new")
+  ap.add_argument("--profile", default="", help="trace a second call of each setting here")
   ap.add_argument("--child", default="", help=argparse_suppress())
   a = ap.parse_args()
   if a.child:
-    print("RESULT " + json.dumps(child(a.child, a.episodes, a.turns, a.response)), flush=True)
+    out = child(a.child, a.episodes, a.turns, a.response, a.profile)
+    print("RESULT " + json.dumps(out), flush=True)
     return
   secs = {}
   for s in a.settings.split(","):
     cmd = [sys.executable, os.path.abspath(__file__), f"--child={s}"]
     cmd += [f"--episodes={a.episodes}", f"--turns={a.turns}", f"--response={a.response}"]
+    trace = os.path.join(os.path.abspath(a.profile), s) if a.profile else ""
+    cmd += [f"--profile={trace}"] if trace else []
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if out.returncode or line is None or not json.loads(line[7:])["tokens"]:
@@ -224,6 +234,9 @@ def main():
       flush=True,
     )
     secs[s] = r["s"]
+    if trace:
+      for kind, op_s, n in trace_breakdown(trace):
+        result("update_profile", setting=s, op=kind, s=(op_s, ".2f"), calls=n, flush=True)
   if "old" in secs and "new" in secs:
     result("update_s", old=secs["old"], new=secs["new"], ratio=secs["old"] / secs["new"], fmt=".2f")
 
