@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from empo2_jax.model.attention import flash_attention
 from empo2_jax.model.configs import LlamaConfig
+from empo2_jax.model.grad_accum import scan_accumulating
 from empo2_jax.parallel.sharding import BATCH_AXES, shard_activation
 
 Params = dict[str, Any]
@@ -316,12 +317,16 @@ def forward(
   cache: Optional[Params] = None,
   cache_index: Optional[jax.Array] = None,
   cache_rows: Optional[jax.Array] = None,
+  layer_grads: Optional[Params] = None,
 ):
   """tokens/attention_mask int32 [B, T] -> logits [B, T, V] float32 (or hidden [B, T, D]).
 
   With `cache`, returns (out, new_cache); see the module docstring for the cache contract.
   cache_rows [B] int32 (distinct): the cache rows the batch's rows extend (default: row b is
   cache row b); the cache may hold more rows, which stay untouched.
+  layer_grads (cache-free, scanned layers, remat "full"): a float32 accumulator shaped like
+  params["layers"]; the same output, and differentiating with respect to `layer_grads` gives
+  layer_grads + the layers' gradient, added in place layer by layer (model/grad_accum.py).
   """
   c, dt = config, config.jnp_compute_dtype
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -339,20 +344,34 @@ def forward(
       causal = jnp.tril(jnp.ones((t, t), bool))
       allowed = causal[None] & (attention_mask[:, None, :] > 0)
 
-    def body(x, layer):
+    # The tables and masks every layer reads, passed explicitly (grad_accum's custom VJP takes
+    # no closed-over arrays).
+    consts = (cos, sin, attention_mask if c.attention_impl == "flash" else allowed)
+
+    def layer_fn(x, layer, consts):
+      cos_, sin_, mask = consts
+
       def attend(q, k, v):
         if c.attention_impl == "flash":
-          return flash_attention(q, k, v, attention_mask, block=c.attention_block, dtype=dt), None
-        return _attend_causal(q, k, v, allowed, dt, c.attention_block), None
+          return flash_attention(q, k, v, mask, block=c.attention_block, dtype=dt), None
+        return _attend_causal(q, k, v, mask, dt, c.attention_block), None
 
-      return decoder_layer(c, x, layer, cos, sin, attend)[0], None
+      return decoder_layer(c, x, layer, cos_, sin_, attend)[0]
 
-    body = _remat(body, c.remat)
-    if c.scan_layers:
-      x, _ = jax.lax.scan(body, x, params["layers"])
+    if layer_grads is not None:
+      if not (c.scan_layers and c.remat == "full"):
+        raise ValueError(
+          "layer_grads needs scanned layers with full remat (config.scan_layers=True, "
+          f"remat='full'); got scan_layers={c.scan_layers}, remat={c.remat!r}"
+        )
+      x = scan_accumulating(layer_fn, x, params["layers"], layer_grads, consts)
     else:
-      for i in range(c.num_layers):
-        x, _ = body(x, jax.tree.map(lambda a: a[i], params["layers"]))
+      body = _remat(lambda x, layer: (layer_fn(x, layer, consts), None), c.remat)
+      if c.scan_layers:
+        x, _ = jax.lax.scan(body, x, params["layers"])
+      else:
+        for i in range(c.num_layers):
+          x, _ = body(x, jax.tree.map(lambda a: a[i], params["layers"]))
     new_mask = kv_out = None
   else:
     if cache_rows is None:

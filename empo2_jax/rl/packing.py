@@ -91,6 +91,7 @@ def packed_response_logprobs(
   chunk_size: int = 8192,
   with_entropy: bool = False,
   inv_temperature=None,
+  layer_grads=None,
 ):
   """Log-probs [B, T, R] of the R tokens from each span start (one forward per packed row).
 
@@ -100,9 +101,12 @@ def packed_response_logprobs(
   masked by the caller (the response mask), as must padding turns. Only the B*T*R hidden states
   that predict response tokens go through the vocabulary projection. inv_temperature [B, T, R]
   (optional): each token's 1/tau, replacing `temperature` (rl/logprobs.token_logprobs).
+  layer_grads: the layers' gradient accumulator of llama.forward (model/grad_accum.py).
   """
   length = tokens_bl.shape[1]
-  hidden = llama.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]
+  hidden = llama.forward(
+    params, config, tokens_bl, attn_bl, return_hidden=True, layer_grads=layer_grads
+  )  # [B, L, D]
   pos = starts_bt[:, :, None] + jnp.arange(response_len)[None, None, :]  # [B, T, R]
   tgt_pos = jnp.clip(pos, 0, length - 1)
   h_pos = jnp.clip(pos - 1, 0, length - 1)

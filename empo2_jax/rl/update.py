@@ -51,7 +51,7 @@ one lr-1e-6 step is ~1% of a bf16 ulp at |w| = 0.02 and rounds away.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -214,8 +214,14 @@ def make_update_fn(
   batch_sharding=None,
   state_sharding=None,
   donate: bool = True,
+  fuse_layer_grads: Optional[bool] = None,
 ):
   """Returns jitted update(state, batch[, ref_params]) -> (state, metrics).
+
+  fuse_layer_grads (default: wherever the model allows it, i.e. scanned layers with full remat):
+  the micro-batches' backward adds the layers' gradient into the accumulator layer by layer
+  (model/grad_accum.py) instead of materialising each micro-batch's whole gradient and adding it:
+  the same sums, without a second params-sized buffer for the layers.
 
   Params and batch may be placed with any sharding (jit follows them); `state_sharding` (a
   TrainState-shaped tree of shardings) pins the output state to the same layout (needed for the
@@ -246,7 +252,17 @@ def make_update_fn(
       return None
     return jnp.where(token_temp > 0, 1.0 / jnp.maximum(token_temp, 1e-6), 1.0 / cfg.temperature)
 
-  def logp_fn(params, tokens, attn, starts, resp_len, with_entropy=False, token_temp=None):
+  fusable = getattr(model_config, "scan_layers", False) and model_config.remat == "full"
+  if fuse_layer_grads and not fusable:
+    raise ValueError(
+      "fuse_layer_grads needs scanned layers with full remat; got "
+      f"scan_layers={getattr(model_config, 'scan_layers', None)}, remat={model_config.remat!r}"
+    )
+  fuse = fusable if fuse_layer_grads is None else fuse_layer_grads
+
+  def logp_fn(
+    params, tokens, attn, starts, resp_len, with_entropy=False, token_temp=None, layer_grads=None
+  ):
     """[mb, L] rows, [mb, T] turn starts -> [mb, T, R] (and entropy)."""
     return packed_response_logprobs(
       params,
@@ -259,6 +275,7 @@ def make_update_fn(
       chunk_size=cfg.vocab_chunk,
       with_entropy=with_entropy,
       inv_temperature=inv_temperature(token_temp),
+      layer_grads=layer_grads,
     )
 
   def no_grad_logp(params, tokens_c, attn_c, starts_c, resp_len, keep_c, temp_c=None):
@@ -274,7 +291,7 @@ def make_update_fn(
       keep_c,
     )
 
-  def loss_fn(params, d, token_denom, seq_denom):
+  def loss_fn(params, d, token_denom, seq_denom, layer_grads=None):
     resp_len = d["mask"].shape[-1]
     logp, ent = logp_fn(
       params,
@@ -284,6 +301,7 @@ def make_update_fn(
       resp_len,
       True,
       token_temp=d.get("token_temperature"),
+      layer_grads=layer_grads,
     )
     gamma = d.get("shaping_gamma")
     if gamma is not None:  # [mb, T] -> [mb, T, R]
@@ -322,7 +340,25 @@ def make_update_fn(
 
     def micro(j, carry):
       grads, met_sum = carry
-      (_, met), g = grad_fn(state.params, constrain(_index(d, j)), token_denom, seq_denom)
+      dj = constrain(_index(d, j))
+      if fuse:
+        # The layers' gradient goes straight into the accumulator (the cotangent of
+        # layer_grads is layer_grads + this micro-batch's layer gradient); the rest (embedding,
+        # final norm, lm head) is summed as usual.
+        layers = state.params["layers"]
+
+        def rest_loss(rest, acc):
+          return loss_fn({**rest, "layers": layers}, dj, token_denom, seq_denom, acc)
+
+        rest = {k: v for k, v in state.params.items() if k != "layers"}
+        acc = grads["layers"]
+        fused_grad = jax.value_and_grad(rest_loss, argnums=(0, 1), has_aux=True)
+        (_, met), (g_rest, acc) = fused_grad(rest, acc)
+        summed = jax.tree.map(
+          lambda a, b: a + b.astype(jnp.float32), {k: grads[k] for k in g_rest}, g_rest
+        )
+        return {**summed, "layers": acc}, _combine(met_sum, met)
+      (_, met), g = grad_fn(state.params, dj, token_denom, seq_denom)
       grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
       return grads, _combine(met_sum, met)
 
