@@ -188,9 +188,10 @@ def test_kl_needs_reference_and_bad_rows_rejected():
 
 
 SHARDED_SCRIPT = textwrap.dedent("""
-    import jax, jax.numpy as jnp, numpy as np
+    import dataclasses, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as PS
     from tests.test_rl_update import MODEL, make_batch
+    MODEL = dataclasses.replace(MODEL, remat="__REMAT__")  # full: the fused layer gradients
     from empo2_jax.model import llama
     from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
     from tests.rl_settings import loss_config, update_config
@@ -221,11 +222,12 @@ SHARDED_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_update_on_8_devices_matches_one_device():
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_update_on_8_devices_matches_one_device(remat):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
-    [sys.executable, "-c", SHARDED_SCRIPT],
+    [sys.executable, "-c", SHARDED_SCRIPT.replace("__REMAT__", remat)],
     env=env,
     cwd=root,
     capture_output=True,
