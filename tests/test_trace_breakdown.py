@@ -7,7 +7,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.append(os.path.join(ROOT, "bench"))  # last: bench/ names shadow nothing
 
 from _common import op_kind, trace_breakdown  # noqa: E402
 
