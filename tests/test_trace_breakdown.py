@@ -2,14 +2,18 @@
 Perfetto trace, on a hand-written trace with nesting, two threads and non-XLA frames."""
 
 import gzip
+import importlib.util
 import json
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.append(os.path.join(ROOT, "bench"))  # last: bench/ names shadow nothing
-
-from _common import op_kind, trace_breakdown  # noqa: E402
+# bench/_common.py by its path (the benches import it as a script-local module)
+_spec = importlib.util.spec_from_file_location(
+  "bench_common", os.path.join(ROOT, "bench", "_common.py")
+)
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
+op_kind, trace_breakdown = _common.op_kind, _common.trace_breakdown
 
 
 def event(name, ts, dur, tid=1, hlo=True):
