@@ -17,7 +17,9 @@ Lines:
   --episodes x --turns synthetic turns, bench/update.synthetic_batch).
   `host_memory program=update temp_gib= argument_gib= output_gib= alias_gib= grads_gib=`: the
   compiled update's memory plan (compiled.memory_analysis(): the temp block holds everything the
-  program allocates itself), beside 2 x params (gradient accumulator + a micro-batch's gradient).
+  program allocates itself), beside 2 x params to read it against (the float32 gradient
+  accumulator, and what else is params-sized: before the fused layer gradients of
+  model/grad_accum.py a micro-batch's whole gradient, now XLA's copy of the params at each step).
 The env workers and their JVMs are separate processes (`host/children_rss_gib` in a run's metrics:
 0.5-0.9 GiB for 2 workers) and are not counted here.
 """
@@ -127,7 +129,7 @@ def main():
       argument_gib=(ma.argument_size_in_bytes / 2**30, ".2f"),
       output_gib=(ma.output_size_in_bytes / 2**30, ".2f"),
       alias_gib=(ma.alias_size_in_bytes / 2**30, ".2f"),
-      grads_gib=(2 * pbytes, ".2f"),  # the gradient accumulator and one micro-batch's gradient
+      grads_gib=(2 * pbytes, ".2f"),  # 2 x params: the accumulator and one more params-sized buffer
     )
   peak(
     "update",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 
 import numpy as np
 from etils import epath
@@ -27,7 +26,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 from empo2_jax import cli  # noqa: E402
 
-METRICS = "metrics.jsonl"
 PHASE_SKIP = ("time/iteration",)  # the total, not a phase
 MARKERS = "osD^vP*Xh<>"  # runs that coincide stay visible
 ENV_STEPS = "env_steps_total"  # read_run: the cumulative env_steps metric (--x=env_steps)
@@ -35,8 +33,9 @@ X_AXES = {"iteration": "iteration", "env_steps": ENV_STEPS}
 
 
 def read_run(workdir) -> list[dict]:
-  text = (epath.Path(workdir) / METRICS).read_text()
-  records = [json.loads(line) for line in text.splitlines() if line.strip()]
+  from empo2_jax.train.metrics import read_metrics
+
+  records = read_metrics(workdir)
   last = {}
   for r in records:  # a resumed run may repeat an iteration: keep the last
     last[int(r["iteration"])] = r

@@ -2,12 +2,13 @@
 
 Gradient accumulation over micro-batches keeps a params-sized accumulator and, while a micro-batch's
 backward runs, that micro-batch's own params-sized gradient: 2 x params beside the weights (1.0 GiB
-of the SmolLM2-135M update's 1.2 GiB of temporaries, bench/host_memory.py; ~2 x 6.6 GiB a chip for
-the 7B program, docs/aot_table.md). Here the backward adds each layer's gradient into the
-accumulator's slice for that layer as soon as it is computed (a dynamic-update-slice on the
-backward loop's carry, done in place), so only one layer's gradient exists at a time. The idea is
-Megatron-LM's gradient-accumulation fusion (weight gradients written into a persistent main_grad);
-in JAX it is expressed through the cotangent of the accumulator:
+of the SmolLM2-135M update's 1.2 GiB of temporaries, bench/host_memory.py; for the 7B program a
+params-sized buffer is 7.1 GiB a chip, docs/aot_table.md). Here the backward adds each layer's
+gradient into the accumulator's slice for that layer as soon as it is computed (a
+dynamic-update-slice on the backward loop's carry, done in place), so only one layer's gradient
+exists at a time. The idea is Megatron-LM's gradient-accumulation fusion (weight gradients
+written into a persistent main_grad); in JAX it is expressed through the cotangent of the
+accumulator:
 
   y = scan_accumulating(body, x, layers, acc, consts)
 

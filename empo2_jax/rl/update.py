@@ -338,6 +338,9 @@ def make_update_fn(
       lambda: grad_fn(state.params, _index(d, 0), token_denom, seq_denom)[0][1]
     )
 
+    def add(total, g):  # into the float32 accumulator
+      return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), total, g)
+
     def micro(j, carry):
       grads, met_sum = carry
       dj = constrain(_index(d, j))
@@ -351,15 +354,12 @@ def make_update_fn(
           return loss_fn({**rest, "layers": layers}, dj, token_denom, seq_denom, acc)
 
         rest = {k: v for k, v in state.params.items() if k != "layers"}
-        acc = grads["layers"]
         fused_grad = jax.value_and_grad(rest_loss, argnums=(0, 1), has_aux=True)
-        (_, met), (g_rest, acc) = fused_grad(rest, acc)
-        summed = jax.tree.map(
-          lambda a, b: a + b.astype(jnp.float32), {k: grads[k] for k in g_rest}, g_rest
-        )
-        return {**summed, "layers": acc}, _combine(met_sum, met)
-      (_, met), g = grad_fn(state.params, dj, token_denom, seq_denom)
-      grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+        (_, met), (g_rest, acc) = fused_grad(rest, grads["layers"])
+        grads = {**add({k: grads[k] for k in g_rest}, g_rest), "layers": acc}
+      else:
+        (_, met), g = grad_fn(state.params, dj, token_denom, seq_denom)
+        grads = add(grads, g)
       return grads, _combine(met_sum, met)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
