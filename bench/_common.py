@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
+import re
 import tempfile
 import time
 from typing import Any, Callable
@@ -192,13 +194,9 @@ def op_kind(name: str) -> str:
   return head if head and tail.isdigit() else base
 
 
-def trace_breakdown(trace_dir: str, top: int = 12) -> list[tuple[str, float, int]]:
-  """[(op kind, exclusive seconds, count)] from the Perfetto trace that
-  jax.profiler.trace(trace_dir, create_perfetto_trace=True) wrote, heaviest first. Exclusive:
-  an event's duration less its children's on the same thread (a while loop's own time, not its
-  body's). Only XLA op events count (those naming an `hlo_op`; not Python or PjRt frames).
-  On XLA:CPU, `ynn_fusion` ops are the matmuls (with what XLA fused into them) that the YNNPACK
-  library runs; `dot`/`dot_general` the ones it does not."""
+def _exclusive_by_op(trace_dir: str):
+  """(seconds, calls): Counters by XLA op name (an event's `hlo_op`) of exclusive time in the
+  Perfetto trace under `trace_dir` (trace_breakdown's docstring says what counts)."""
   import collections
   import glob
   import gzip
@@ -218,18 +216,114 @@ def trace_breakdown(trace_dir: str, top: int = 12) -> list[tuple[str, float, int
   count = collections.Counter()
   for evs in by_thread.values():
     evs.sort(key=lambda e: (e["ts"], -e["dur"]))
-    stack: list[list] = []  # [end, kind, child time]
+    stack: list[list] = []  # [end, op, child time]
     for e in evs:
       while stack and stack[-1][0] <= e["ts"]:
-        end, kind, child = stack.pop()
-        total[kind] -= child
+        end, op, child = stack.pop()
+        total[op] -= child
       if stack:
         stack[-1][2] += e["dur"]
-      kind = op_kind(e["args"]["hlo_op"])
-      total[kind] += e["dur"]
-      count[kind] += 1
-      stack.append([e["ts"] + e["dur"], kind, 0.0])
-    for _, kind, child in stack:
-      total[kind] -= child
-  rows = [(k, total[k] / 1e6, count[k]) for k in total]
+      op = e["args"]["hlo_op"]
+      total[op] += e["dur"]
+      count[op] += 1
+      stack.append([e["ts"] + e["dur"], op, 0.0])
+    for _, op, child in stack:
+      total[op] -= child
+  return collections.Counter({k: v / 1e6 for k, v in total.items()}), count
+
+
+def trace_breakdown(trace_dir: str, top: int = 12) -> list[tuple[str, float, int]]:
+  """[(op kind, exclusive seconds, count)] from the Perfetto trace that
+  jax.profiler.trace(trace_dir, create_perfetto_trace=True) wrote, heaviest first. Exclusive:
+  an event's duration less its children's on the same thread (a while loop's own time, not its
+  body's). Only XLA op events count (those naming an `hlo_op`; not Python or PjRt frames).
+  On XLA:CPU, `ynn_fusion` ops are the matmuls (with what XLA fused into them) that the YNNPACK
+  library runs; `dot`/`dot_general` the ones it does not."""
+  import collections
+
+  secs, calls = _exclusive_by_op(trace_dir)
+  total, count = collections.Counter(), collections.Counter()
+  for op in secs:
+    total[op_kind(op)] += secs[op]
+    count[op_kind(op)] += calls[op]
+  rows = [(k, total[k], count[k]) for k in total]
   return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+_HLO_INST = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]\S* ([\w\-]+)\((.*)$")
+_HLO_COMP = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$")
+
+
+def hlo_dot_flops(hlo_text: str) -> dict[str, float]:
+  """{instruction: matmul flops of one execution} for the instructions of an optimized HLO module
+  (`jit(f).lower(...).compile().as_text()`) that are dots, or fusions whose called computations
+  hold dots (recursively): 2 x output elements x contracted size, summed. Instructions with array
+  results only (a while loop's tuple is not listed; its body's ops are)."""
+  comps: dict[str, dict[str, tuple[list[int], str, str]]] = {}
+  cur = None
+  for line in hlo_text.splitlines():
+    m = _HLO_COMP.match(line)
+    if m:
+      cur = comps.setdefault(m.group(1), {})
+      continue
+    m = _HLO_INST.match(line)
+    if m and cur is not None:
+      name, dims, op, rest = m.groups()
+      cur[name] = ([int(d) for d in dims.split(",") if d], op, rest)
+
+  def own(comp: str, name: str) -> float:
+    shape, op, rest = comps[comp][name]
+    if op != "dot":
+      return 0.0
+    lhs = re.match(r"\s*(?:\w+\[([\d,]*)\]\S* )?%([\w.\-]+)", rest)
+    lhs_shape = (
+      [int(d) for d in lhs.group(1).split(",") if d]
+      if lhs.group(1) is not None
+      else (comps[comp][lhs.group(2)][0])
+    )
+    contract = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest).group(1)
+    k = math.prod(lhs_shape[int(d)] for d in contract.split(",") if d)
+    return 2.0 * math.prod(shape) * k
+
+  memo: dict[str, float] = {}
+
+  def called(comp: str) -> float:
+    if comp not in memo:
+      memo[comp] = 0.0  # a guard against cycles
+      memo[comp] = sum(inst(comp, n) for n in comps.get(comp, {}))
+    return memo[comp]
+
+  def inst(comp: str, name: str) -> float:
+    _, op, rest = comps[comp][name]
+    sub = re.search(r"calls=%([\w.\-]+)", rest) if op == "fusion" else None
+    return own(comp, name) + (called(sub.group(1)) if sub else 0.0)
+
+  fused = {  # computations that fusions call: their dots are counted with the fusion
+    sub
+    for insts in comps.values()
+    for _, op, rest in insts.values()
+    if op == "fusion"
+    for sub in re.findall(r"calls=%([\w.\-]+)", rest)
+  }
+  out = {}
+  for comp, insts in comps.items():
+    if comp not in fused:
+      out.update({n: f for n in insts if (f := inst(comp, n))})
+  return out
+
+
+def matmul_split(trace_dir: str, hlo_text: str) -> dict[str, float]:
+  """How one traced call of a compiled program spent its XLA op time (exclusive seconds, summed
+  over threads): `matmul_s` in ops that do matmuls (hlo_dot_flops: dots and the fusions around
+  them), their `matmul_gflop` over all calls and `matmul_gflops_per_s`, and `other_s` in every
+  other op (element-wise fusions, transposes, reductions, loops' own time)."""
+  secs, calls = _exclusive_by_op(trace_dir)
+  flops = hlo_dot_flops(hlo_text)
+  mm_s = sum(s for op, s in secs.items() if op in flops)
+  mm_f = sum(flops[op] * calls[op] for op in secs if op in flops)
+  return dict(
+    matmul_s=mm_s,
+    matmul_gflop=mm_f / 1e9,
+    matmul_gflops_per_s=mm_f / 1e9 / mm_s if mm_s else 0.0,
+    other_s=sum(s for op, s in secs.items() if op not in flops),
+  )

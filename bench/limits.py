@@ -9,7 +9,8 @@ what was free at the time; the best of several calls approaches the idle figure.
 Then `limits_shape matmul= m= k= n= gflops= frac_of_square=` for the matmuls of the SmolLM2 update
 (bench/update.py: 1,152-token packed rows, hidden 576, MLP 1,536, 3 KV heads x 64, vocabulary
 49,152 for ~256 response positions; the backward's weight gradients contract over the tokens):
-what the probe's square matmul promises at these shapes. Last line: `limits matmul_gflops=<x>
+what the probe's square matmul promises at these shapes, and at the shapes of the projections that
+share an input fused (q/k/v, gate/up). Last line: `limits matmul_gflops=<x>
 membw_gbs=<y>`.
 """
 
@@ -23,6 +24,10 @@ MODEL_SHAPES = (
   ("mlp_down", 1152, 1536, 576),
   ("mlp_up_weight_grad", 576, 1152, 1536),
   ("lm_head", 256, 576, 49152),
+  # the same products with the projections that share an input fused into one (q, k and v:
+  # 576 + 2 x 192 columns; gate and up: 2 x 1,536): what concatenated weights would run at
+  ("qkv_fused", 1152, 576, 960),
+  ("mlp_gate_up_fused", 1152, 576, 3072),
 )
 
 

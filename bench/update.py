@@ -17,7 +17,7 @@ Settings, each in its own subprocess (a clean peak RSS):
   old  today's path: optim.old_logprobs=recompute, model.remat=full, attention_impl=dense (where
        the model config has that field)
   new  the config as it is now loaded (optim.old_logprobs=sampler on this on-policy batch:
-       old_from_sampler=True; the config's remat and attention)
+       old_from_sampler=True; the config's remat, or --remat's, and attention)
 Timing: the update is compiled ahead of time (jit.lower().compile(), not timed), then one call of
 the compiled program is timed (the call a second jit call would make; no compile in it).
 
@@ -35,7 +35,12 @@ process first; tokens = real tokens of the packed rows; peak RSS of that process
 `update_s old=<> new=<> ratio=<old/new>`.
 With --profile DIR, each setting's program runs once more under jax.profiler.trace (DIR/<setting>,
 with a Perfetto trace) and `update_profile setting= op= s= calls=` lines give its heaviest XLA op
-kinds by exclusive time (bench/_common.trace_breakdown).
+kinds by exclusive time (bench/_common.trace_breakdown). Then `update_matmul setting= matmul_s=
+other_s= matmul_gflop= matmul_gflops_per_s= frac_if_only_matmuls=` (bench/_common.matmul_split):
+the traced call's op time in the ops that do matmuls (their flops read off the compiled HLO,
+remat's recompute and flash attention's tiles included) and in all the others, and the
+frac_of_matmul_peak the update would reach if every non-matmul op took no time: a ceiling of
+this program at the rate XLA:CPU runs its matmuls.
 """
 
 from __future__ import annotations
@@ -49,7 +54,15 @@ import time
 
 import numpy as np
 
-from _common import REPO, matmul_gflops, parser, peak_rss_gib, result, trace_breakdown
+from _common import (
+  REPO,
+  matmul_gflops,
+  matmul_split,
+  parser,
+  peak_rss_gib,
+  result,
+  trace_breakdown,
+)
 
 CONFIG = "configs/sciworld.py:learn,wide"
 WORDS = (
@@ -132,7 +145,9 @@ def model_flops(config, params, batch, old_pass: bool) -> float:
   return float(flops)
 
 
-def child(setting: str, episodes: int, turns: int, response: int, profile: str = "") -> dict:
+def child(
+  setting: str, episodes: int, turns: int, response: int, profile: str = "", remat: str = ""
+) -> dict:
   import jax
 
   from empo2_jax.defaults import load_config
@@ -145,6 +160,8 @@ def child(setting: str, episodes: int, turns: int, response: int, profile: str =
   if setting == "old":
     c.optim.old_logprobs = "recompute"
     c.model.remat = "full"
+  elif remat:
+    c.model.remat = remat
   model_config, params = build.policy(c)
   if setting == "old" and hasattr(model_config, "attention_impl"):
     model_config = model_config.replace(attention_impl="dense")
@@ -169,6 +186,7 @@ def child(setting: str, episodes: int, turns: int, response: int, profile: str =
       jax.block_until_ready(compiled(state, batch, None, flag))
   old_pass = not bool(met.get("old_from_sampler", 0.0))
   flops = model_flops(model_config, params, batch, old_pass)
+  split = matmul_split(profile, compiled.as_text()) if profile else {}
   tokens = float(np.asarray(batch["cur_attn"]).sum())
   return dict(
     setting=setting,
@@ -187,6 +205,7 @@ def child(setting: str, episodes: int, turns: int, response: int, profile: str =
     model_gflops=flops / 1e9,
     matmul_gflops=peak,
     peak_rss_gib=peak_rss_gib(),
+    split=split,
   )
 
 
@@ -197,16 +216,18 @@ def main():
   ap.add_argument("--response", type=int, default=32, help="response tokens a turn (capped)")
   ap.add_argument("--settings", default="old,new")
   ap.add_argument("--profile", default="", help="trace a second call of each setting here")
+  ap.add_argument("--remat", default="", help="the new setting's model.remat (default: config)")
   ap.add_argument("--child", default="", help=argparse_suppress())
   a = ap.parse_args()
   if a.child:
-    out = child(a.child, a.episodes, a.turns, a.response, a.profile)
+    out = child(a.child, a.episodes, a.turns, a.response, a.profile, a.remat)
     print("RESULT " + json.dumps(out), flush=True)
     return
   secs = {}
   for s in a.settings.split(","):
     cmd = [sys.executable, os.path.abspath(__file__), f"--child={s}"]
     cmd += [f"--episodes={a.episodes}", f"--turns={a.turns}", f"--response={a.response}"]
+    cmd += [f"--remat={a.remat}"] if a.remat else []
     trace = os.path.join(os.path.abspath(a.profile), s) if a.profile else ""
     cmd += [f"--profile={trace}"] if trace else []
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -237,6 +258,17 @@ def main():
     if trace:
       for kind, op_s, n in trace_breakdown(trace):
         result("update_profile", setting=s, op=kind, s=(op_s, ".2f"), calls=n, flush=True)
+      sp = r["split"]
+      result(
+        "update_matmul",
+        setting=s,
+        matmul_s=(sp["matmul_s"], ".2f"),
+        other_s=(sp["other_s"], ".2f"),
+        matmul_gflop=(sp["matmul_gflop"], ".0f"),
+        matmul_gflops_per_s=(sp["matmul_gflops_per_s"], ".1f"),
+        frac_if_only_matmuls=(r["model_gflops"] / sp["matmul_s"] / r["matmul_gflops"], ".3f"),
+        flush=True,
+      )
   if "old" in secs and "new" in secs:
     result("update_s", old=secs["old"], new=secs["new"], ratio=secs["old"] / secs["new"], fmt=".2f")
 
