@@ -17,7 +17,8 @@ Settings, each in its own subprocess (a clean peak RSS):
   old  today's path: optim.old_logprobs=recompute, model.remat=full, attention_impl=dense (where
        the model config has that field)
   new  the config as it is now loaded (optim.old_logprobs=sampler on this on-policy batch:
-       old_from_sampler=True; the config's remat, or --remat's, and attention)
+       old_from_sampler=True; the config's remat and attention), with --set's overrides
+       (`--set model.remat=none --set optim.micro_rows=2`: levers measured on the same batch)
 Timing: the update is compiled ahead of time (jit.lower().compile(), not timed), then one call of
 the compiled program is timed (the call a second jit call would make; no compile in it).
 
@@ -129,6 +130,24 @@ def synthetic_batch(c, tok, ucfg, episodes: int, turns: int, response: int):
   return ucfg, batch, stats, layout
 
 
+def apply_set(c, item: str) -> None:
+  """Apply one `KEY=VALUE` (a dotted config path; VALUE a Python literal, else a string)."""
+  import ast
+
+  key, sep, raw = item.partition("=")
+  *parents, leaf = key.split(".")
+  node = c
+  for name in parents:
+    node = node[name]
+  if not sep or leaf not in node:
+    sys.exit(f"--set {item!r}: want KEY=VALUE with KEY one of {sorted(node.keys())}")
+  try:
+    value = ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    value = raw
+  node[leaf] = value
+
+
 def model_flops(config, params, batch, old_pass: bool) -> float:
   """The update's model flops (module docstring)."""
   import jax
@@ -146,7 +165,7 @@ def model_flops(config, params, batch, old_pass: bool) -> float:
 
 
 def child(
-  setting: str, episodes: int, turns: int, response: int, profile: str = "", remat: str = ""
+  setting: str, episodes: int, turns: int, response: int, profile: str = "", sets=()
 ) -> dict:
   import jax
 
@@ -160,8 +179,9 @@ def child(
   if setting == "old":
     c.optim.old_logprobs = "recompute"
     c.model.remat = "full"
-  elif remat:
-    c.model.remat = remat
+  else:
+    for item in sets:
+      apply_set(c, item)
   model_config, params = build.policy(c)
   if setting == "old" and hasattr(model_config, "attention_impl"):
     model_config = model_config.replace(attention_impl="dense")
@@ -201,6 +221,7 @@ def child(
     minibatches=layout["num_minibatches"],
     old_pass=old_pass,
     remat=model_config.remat,
+    micro_rows=c.optim.micro_rows,
     attention=getattr(model_config, "attention_impl", "dense (no field)"),
     model_gflops=flops / 1e9,
     matmul_gflops=peak,
@@ -216,18 +237,20 @@ def main():
   ap.add_argument("--response", type=int, default=32, help="response tokens a turn (capped)")
   ap.add_argument("--settings", default="old,new")
   ap.add_argument("--profile", default="", help="trace a second call of each setting here")
-  ap.add_argument("--remat", default="", help="the new setting's model.remat (default: config)")
+  ap.add_argument(
+    "--set", action="append", default=[], help="KEY=VALUE override of the new setting's config"
+  )
   ap.add_argument("--child", default="", help=argparse_suppress())
   a = ap.parse_args()
   if a.child:
-    out = child(a.child, a.episodes, a.turns, a.response, a.profile, a.remat)
+    out = child(a.child, a.episodes, a.turns, a.response, a.profile, a.set)
     print("RESULT " + json.dumps(out), flush=True)
     return
   secs = {}
   for s in a.settings.split(","):
     cmd = [sys.executable, os.path.abspath(__file__), f"--child={s}"]
     cmd += [f"--episodes={a.episodes}", f"--turns={a.turns}", f"--response={a.response}"]
-    cmd += [f"--remat={a.remat}"] if a.remat else []
+    cmd += [f"--set={item}" for item in a.set]
     trace = os.path.join(os.path.abspath(a.profile), s) if a.profile else ""
     cmd += [f"--profile={trace}"] if trace else []
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -236,7 +259,8 @@ def main():
       sys.exit(f"setting {s} failed:\n{out.stderr[-3000:]}")
     r = json.loads(line[len("RESULT ") :])
     print(
-      f"# {s}: remat={r['remat']} attention={r['attention']} old_pass={r['old_pass']} "
+      f"# {s}: remat={r['remat']} micro_rows={r['micro_rows']} attention={r['attention']} "
+      f"old_pass={r['old_pass']} "
       f"rows={r['rows']}x{r['row_len']} packed_rows={r['packed_rows']} steps={r['optim_steps']:g}"
       f"/{r['minibatches']} tokens={r['tokens']:.0f} layout={r['layout']} "
       f"compile_s={r['compile_s']:.1f} model_gflops={r['model_gflops']:.0f}",
