@@ -89,6 +89,13 @@ def main(argv=None) -> int:
   p.add_argument("--loss_chunk", type=int, default=512, help="tokens per vocab-projection chunk")
   p.add_argument("--hbm_gib", type=float, default=None, help="override the chip's HBM (what-if)")
   p.add_argument(
+    "--fuse_layer_grads",
+    default="auto",
+    choices=("auto", "on", "off"),
+    help="train_step: add each layer's gradient into the accumulator in the backward "
+    "(model/grad_accum.py); auto: wherever remat is full and layers are scanned",
+  )
+  p.add_argument(
     "--no_cost_probe",
     action="store_true",
     help="skip the flops/time probes (est_mfu=nan; memory figures only)",
@@ -112,6 +119,7 @@ def main(argv=None) -> int:
     hbm_gib=a.hbm_gib,
     cost_probe=not a.no_cost_probe,
     attention_impl=a.attention_impl,
+    fuse_layer_grads={"auto": None, "on": True, "off": False}[a.fuse_layer_grads],
   )
   try:
     report = aot.compile_program(req)

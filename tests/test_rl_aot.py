@@ -37,6 +37,13 @@ SCRIPT = textwrap.dedent("""
         print(aot.format_report(r, req))
         per_chip.append(r["per_chip_gib"])
     print("MINIBATCHES", *per_chip)
+    # fuse_layer_grads reaches rl/update.make_update_fn: forced on without full remat, it refuses
+    import dataclasses
+    try:
+        aot.compile_program(dataclasses.replace(req, remat="none", fuse_layer_grads=True))
+        print("FUSE_REFUSED", False)
+    except ValueError as e:
+        print("FUSE_REFUSED", "fuse_layer_grads" in str(e))
 """)
 
 
@@ -59,3 +66,4 @@ def test_train_step_compiles_for_v5p():
     float, [ln for ln in out.stdout.splitlines() if ln.startswith("MINIBATCHES")][-1].split()[1:]
   )
   assert 0 < one <= two < one + 0.01, (one, two)
+  assert "FUSE_REFUSED True" in out.stdout

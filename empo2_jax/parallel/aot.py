@@ -86,6 +86,8 @@ class AotRequest:
   hbm_gib: float | None = None  # override the chip table (what-if / tests)
   cost_probe: bool = True  # compile the two small probes for flops / time / MFU
   attention_impl: str = "flash"  # model.attention_impl (launch/aot.py passes the config's)
+  # train_step: rl/update.make_update_fn's fuse_layer_grads (None: wherever the model allows it)
+  fuse_layer_grads: bool | None = None
 
 
 class Program(NamedTuple):

@@ -99,7 +99,12 @@ def _train_step(config, mesh, req):
   state = shd.abstract_on_mesh(state, mesh)
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
   fn = make_update_fn(
-    config, cfg, opt, batch_sharding=shd.batch_sharding(mesh), state_sharding=state_sharding
+    config,
+    cfg,
+    opt,
+    batch_sharding=shd.batch_sharding(mesh),
+    state_sharding=state_sharding,
+    fuse_layer_grads=req.fuse_layer_grads,
   )
   batch = abstract_batch(mesh, req.batch, req.seq)
   # The old log-probs forward has no backward, hence no recompute: 3 + 1 forwards + the remat's.
