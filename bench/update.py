@@ -135,17 +135,20 @@ def apply_set(c, item: str) -> None:
   import ast
 
   key, sep, raw = item.partition("=")
-  *parents, leaf = key.split(".")
+  if not sep:
+    sys.exit(f"--set {item!r}: want KEY=VALUE")
+  parts = key.split(".")
   node = c
-  for name in parents:
-    node = node[name]
-  if not sep or leaf not in node:
-    sys.exit(f"--set {item!r}: want KEY=VALUE with KEY one of {sorted(node.keys())}")
+  for i, name in enumerate(parts):  # a typo at any level names that level's valid keys
+    if name not in node:
+      sys.exit(f"--set {item!r}: want KEY=VALUE; {name!r} is not one of {sorted(node.keys())}")
+    if i < len(parts) - 1:
+      node = node[name]
   try:
     value = ast.literal_eval(raw)
   except (ValueError, SyntaxError):
     value = raw
-  node[leaf] = value
+  node[parts[-1]] = value
 
 
 def model_flops(config, params, batch, old_pass: bool) -> float:
