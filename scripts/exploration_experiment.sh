@@ -8,6 +8,7 @@
 #   bash scripts/exploration_experiment.sh arms      # 3+4. 3 arms x 3 seeds, staged to ITERS,
 #                                                    #      each stage evaluated on test variations
 #   bash scripts/exploration_experiment.sh report    # 5. tables per iteration, training curves
+#   bash scripts/exploration_experiment.sh archive   # 6. the small records into docs/explore/
 #   bash scripts/exploration_experiment.sh all       # 1-5 in order
 #
 # Every step is resumable: rerunning it skips what is done (SFT and training resume from their
@@ -47,6 +48,14 @@
 #    over seeds; the EMPO2 runs' tip usage and samples of their tips) and launch/plot.py over the
 #    training runs (learning curves against environment steps).
 #
+# 6. archive: what the report needs, copied from $ROOT into the repository ($ARCHIVE, default
+#    docs/explore/, committed), because runs/ does not outlive a checkout: every eval
+#    result.json (same layout, so `ROOT=docs/explore ... report` reads it), every training run's
+#    metrics.jsonl and its episodes cut to what compare/inspect read (no prompts, token ids or
+#    log-probs), and the SFT's summary with the SHA-256 of each file of its hf/ checkpoint. An
+#    SFT rebuilt in a later checkout is checked against that hash (`... sft` refuses a different
+#    start: the arms must share one), so runs made in different sessions share the start.
+#
 # Sized for this 2-core CPU machine (configs/sciworld.py:learn: 15-30 min an iteration, so the
 # arms are days of CPU; BASE=configs/sciworld.py:gpu,format sizes it for one accelerator).
 set -euo pipefail
@@ -68,6 +77,7 @@ ITERS=${ITERS:-6}  # docs/results.md: the sizing, fixed before the first run
 # nothing (docs/results.md, "Protocol 2").
 TRAIN_ROWS=${TRAIN_ROWS:-4}
 ARMS=${ARMS:-grpo empo2 empo2_rule}
+ARCHIVE=${ARCHIVE:-docs/explore}
 
 run() { echo "+ $*"; "$@"; }
 
@@ -89,8 +99,28 @@ target() {
 step_sft() {
   # The learn default target (find-non-living-thing) is not among FORMAT_TASKS; the SFT data
   # does not depend on the target (sft_data.json), so one checkpoint serves every candidate.
-  [ -f "$SFT_DIR/sft_summary.json" ] && { echo "sft done: $SFT_DIR"; return; }
+  [ -f "$SFT_DIR/sft_summary.json" ] && { echo "sft done: $SFT_DIR"; check_sft; return; }
   run "$PY" launch/sft.py --config="$BASE" --workdir="$SFT_DIR"
+  check_sft
+}
+
+check_sft() {  # the rebuilt SFT checkpoint is the archived one, byte for byte
+  "$PY" - "$SFT_DIR" "$ARCHIVE/sft.json" <<'EOF'
+import hashlib, json, os, sys
+sft, archived = sys.argv[1], sys.argv[2]
+hf = os.path.join(sft, "sft", "hf")
+got = {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest()
+       for f in sorted(os.listdir(hf))}
+if not os.path.exists(archived):
+  print(f"sft: no {archived} yet (the archive step writes it)")
+  sys.exit(0)
+want = json.load(open(archived))["hf_sha256"]
+bad = sorted(f for f in set(want) | set(got) if want.get(f) != got.get(f))
+if bad:
+  sys.exit(f"sft: {hf} differs from the archived start in {bad}: the arms would not share one "
+           f"start; rebuild with the commit {archived} names, on this machine kind")
+print(f"sft: {hf} matches {archived} ({len(got)} files)")
+EOF
 }
 
 step_choose() {
@@ -201,12 +231,62 @@ step_report() {
     --x=env_steps
 }
 
+step_archive() {  # the report's inputs, small, into $ARCHIVE (committed)
+  "$PY" - "$ROOT" "$ARCHIVE" <<'EOF'
+import glob, hashlib, json, os, shutil, subprocess, sys
+root, dest = sys.argv[1], sys.argv[2]
+n_eval = n_runs = 0
+for src in glob.glob(f"{root}/eval/*/it*/*/eval/result.json"):
+  out = os.path.join(dest, os.path.relpath(src, root))
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  shutil.copyfile(src, out)
+  n_eval += 1
+KEEP = ("episode_id", "iteration", "task", "variation", "group_id", "rollout_id", "mode",
+        "use_memory", "score", "success", "env_failed", "tip", "tips")
+TURNS = ("executed_action", "reward", "num_tips", "num_tokens")
+for run in glob.glob(f"{root}/arms/*/*"):
+  if not os.path.exists(f"{run}/metrics.jsonl"):
+    continue
+  out = os.path.join(dest, os.path.relpath(run, root))
+  os.makedirs(f"{out}/episodes/staging", exist_ok=True)
+  shutil.copyfile(f"{run}/metrics.jsonl", f"{out}/metrics.jsonl")
+  for src in sorted(glob.glob(f"{run}/episodes/staging/iter-*.jsonl")):
+    with open(src) as f, open(f"{out}/episodes/staging/{os.path.basename(src)}", "w") as g:
+      for line in f:
+        if line.strip():
+          e = json.loads(line)
+          rec = {k: e[k] for k in KEEP if k in e}
+          rec["turns"] = {k: e["turns"][k] for k in TURNS if k in e["turns"]}
+          g.write(json.dumps(rec) + "\n")
+  n_runs += 1
+hf = f"{root}/sft/sft/hf"
+if os.path.isdir(hf):
+  summary = f"{root}/sft/sft_summary.json"
+  rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+  blob = {
+    "summary": json.load(open(summary)) if os.path.exists(summary) else None,
+    "hf_sha256": {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest()
+                  for f in sorted(os.listdir(hf))},
+    "archived_from_commit": rev.strip(),
+  }
+  old = f"{dest}/sft.json"
+  if os.path.exists(old):
+    if json.load(open(old))["hf_sha256"] != blob["hf_sha256"]:
+      sys.exit(f"{root}/sft differs from {old}: not archived (the arms would not share a start)")
+  else:
+    os.makedirs(dest, exist_ok=True)
+    json.dump(blob, open(old, "w"), indent=1)
+print(f"archived {n_eval} evaluations and {n_runs} training runs into {dest}")
+EOF
+}
+
 case "${1:-}" in
   sft) step_sft ;;
   choose) step_choose ;;
   start) eval_sft_start ;;
   arms) step_arms ;;
   report) step_report ;;
+  archive) step_archive ;;
   all)
     step_sft
     step_choose
@@ -214,8 +294,8 @@ case "${1:-}" in
     step_report
     ;;
   *)
-    echo "usage: $0 sft|choose|start|arms|report|all (env: PY ROOT BASE CANDIDATES CHOOSE_ROWS" \
-      "SEEDS ITERS ARMS TARGET)" >&2
+    echo "usage: $0 sft|choose|start|arms|report|archive|all (env: PY ROOT BASE CANDIDATES CHOOSE_ROWS" \
+      "SEEDS ITERS ARMS TARGET ARCHIVE)" >&2
     exit 2
     ;;
 esac
