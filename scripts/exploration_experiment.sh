@@ -262,12 +262,13 @@ for run in glob.glob(f"{root}/arms/*/*"):
 hf = f"{root}/sft/sft/hf"
 if os.path.isdir(hf):
   summary = f"{root}/sft/sft_summary.json"
-  rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+  code = (os.environ.get("PYTHONPATH") or ".").split(":")[0]  # the checkout whose code ran
+  rev = subprocess.run(["git", "-C", code, "rev-parse", "HEAD"], capture_output=True, text=True)
   blob = {
     "summary": json.load(open(summary)) if os.path.exists(summary) else None,
     "hf_sha256": {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest()
                   for f in sorted(os.listdir(hf))},
-    "archived_from_commit": rev.strip(),
+    "code_commit": rev.stdout.strip(),  # of $PYTHONPATH's checkout (the run worktree), else ours
   }
   old = f"{dest}/sft.json"
   if os.path.exists(old):

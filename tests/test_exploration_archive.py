@@ -96,6 +96,7 @@ def test_archive_keeps_what_the_report_reads(tmp_path):
   sft = json.loads((archive / "sft.json").read_text())
   assert set(sft["hf_sha256"]) == {"model.safetensors", "config.json"}
   assert sft["summary"] == {"steps": 20}
+  assert len(sft["code_commit"]) == 40  # the commit of the code that ran (PYTHONPATH's checkout)
 
 
 def test_a_different_sft_start_is_refused(tmp_path):
