@@ -71,7 +71,7 @@ def _fake_root(tmp_path):
 
 
 def _script(step, root, archive, check=True):
-  env = dict(os.environ, PY=sys.executable, ROOT=str(root), ARCHIVE=str(archive))
+  env = dict(os.environ, PY=sys.executable, ROOT=str(root), ARCHIVE=str(archive), PYTHONPATH=ROOT)
   return subprocess.run(
     ["bash", SCRIPT, step], env=env, capture_output=True, text=True, cwd=ROOT, check=check
   )
@@ -96,7 +96,8 @@ def test_archive_keeps_what_the_report_reads(tmp_path):
   sft = json.loads((archive / "sft.json").read_text())
   assert set(sft["hf_sha256"]) == {"model.safetensors", "config.json"}
   assert sft["summary"] == {"steps": 20}
-  assert len(sft["code_commit"]) == 40  # the commit of the code that ran (PYTHONPATH's checkout)
+  head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+  assert sft["code_commit"] == head.stdout.strip()  # the code that ran: PYTHONPATH's checkout
 
 
 def test_a_different_sft_start_is_refused(tmp_path):
