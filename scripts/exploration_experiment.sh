@@ -54,7 +54,8 @@
 #    metrics.jsonl and its episodes cut to what compare/inspect read (no prompts, token ids or
 #    log-probs), and the SFT's summary with the SHA-256 of each file of its hf/ checkpoint. An
 #    SFT rebuilt in a later checkout is checked against that hash (`... sft` refuses a different
-#    start: the arms must share one), so runs made in different sessions share the start.
+#    start: the arms must share one), so runs made in different sessions share the start
+#    (scripts/exploration_records.py does both).
 #
 # Sized for this 2-core CPU machine (configs/sciworld.py:learn: 15-30 min an iteration, so the
 # arms are days of CPU; BASE=configs/sciworld.py:gpu,format sizes it for one accelerator).
@@ -105,22 +106,7 @@ step_sft() {
 }
 
 check_sft() {  # the rebuilt SFT checkpoint is the archived one, byte for byte
-  "$PY" - "$SFT_DIR" "$ARCHIVE/sft.json" <<'EOF'
-import hashlib, json, os, sys
-sft, archived = sys.argv[1], sys.argv[2]
-hf = os.path.join(sft, "sft", "hf")
-got = {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest()
-       for f in sorted(os.listdir(hf))}
-if not os.path.exists(archived):
-  print(f"sft: no {archived} yet (the archive step writes it)")
-  sys.exit(0)
-want = json.load(open(archived))["hf_sha256"]
-bad = sorted(f for f in set(want) | set(got) if want.get(f) != got.get(f))
-if bad:
-  sys.exit(f"sft: {hf} differs from the archived start in {bad}: the arms would not share one "
-           f"start; rebuild with the commit {archived} names, on this machine kind")
-print(f"sft: {hf} matches {archived} ({len(got)} files)")
-EOF
+  "$PY" scripts/exploration_records.py check "$SFT_DIR" "$ARCHIVE/sft.json"
 }
 
 step_choose() {
@@ -232,53 +218,7 @@ step_report() {
 }
 
 step_archive() {  # the report's inputs, small, into $ARCHIVE (committed)
-  "$PY" - "$ROOT" "$ARCHIVE" <<'EOF'
-import glob, hashlib, json, os, shutil, subprocess, sys
-root, dest = sys.argv[1], sys.argv[2]
-n_eval = n_runs = 0
-for src in glob.glob(f"{root}/eval/*/it*/*/eval/result.json"):
-  out = os.path.join(dest, os.path.relpath(src, root))
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  shutil.copyfile(src, out)
-  n_eval += 1
-KEEP = ("episode_id", "iteration", "task", "variation", "group_id", "rollout_id", "mode",
-        "use_memory", "score", "success", "env_failed", "tip", "tips")
-TURNS = ("executed_action", "reward", "num_tips", "num_tokens")
-for run in glob.glob(f"{root}/arms/*/*"):
-  if not os.path.exists(f"{run}/metrics.jsonl"):
-    continue
-  out = os.path.join(dest, os.path.relpath(run, root))
-  os.makedirs(f"{out}/episodes/staging", exist_ok=True)
-  shutil.copyfile(f"{run}/metrics.jsonl", f"{out}/metrics.jsonl")
-  for src in sorted(glob.glob(f"{run}/episodes/staging/iter-*.jsonl")):
-    with open(src) as f, open(f"{out}/episodes/staging/{os.path.basename(src)}", "w") as g:
-      for line in f:
-        if line.strip():
-          e = json.loads(line)
-          rec = {k: e[k] for k in KEEP if k in e}
-          rec["turns"] = {k: e["turns"][k] for k in TURNS if k in e["turns"]}
-          g.write(json.dumps(rec) + "\n")
-  n_runs += 1
-hf = f"{root}/sft/sft/hf"
-if os.path.isdir(hf):
-  summary = f"{root}/sft/sft_summary.json"
-  code = (os.environ.get("PYTHONPATH") or ".").split(":")[0]  # the checkout whose code ran
-  rev = subprocess.run(["git", "-C", code, "rev-parse", "HEAD"], capture_output=True, text=True)
-  blob = {
-    "summary": json.load(open(summary)) if os.path.exists(summary) else None,
-    "hf_sha256": {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest()
-                  for f in sorted(os.listdir(hf))},
-    "code_commit": rev.stdout.strip(),  # of $PYTHONPATH's checkout (the run worktree), else ours
-  }
-  old = f"{dest}/sft.json"
-  if os.path.exists(old):
-    if json.load(open(old))["hf_sha256"] != blob["hf_sha256"]:
-      sys.exit(f"{root}/sft differs from {old}: not archived (the arms would not share a start)")
-  else:
-    os.makedirs(dest, exist_ok=True)
-    json.dump(blob, open(old, "w"), indent=1)
-print(f"archived {n_eval} evaluations and {n_runs} training runs into {dest}")
-EOF
+  "$PY" scripts/exploration_records.py archive "$ROOT" "$ARCHIVE"
 }
 
 case "${1:-}" in
