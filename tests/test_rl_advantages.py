@@ -238,3 +238,134 @@ def test_turn_advantages_pass_the_turns_valid_flags():
   )
   np.testing.assert_allclose(got, want)
   assert not np.allclose(got, turn_advantages(turns, "gigpo", **{**kw, "invalid_penalty": 0.0}))
+
+
+def _turns(b, valid=None):
+  """rl/batch.Turn objects of a flat batch (intrinsic from b["intr"])."""
+  from empo2_jax.rl.batch import Turn
+
+  valid = np.ones(len(b["ret"]), bool) if valid is None else valid
+  return [
+    Turn(
+      messages=[],
+      response="",
+      response_ids=[],
+      sampler_logprobs=[],
+      mode="on_tips",
+      group_id=b["group"][i],
+      rollout_id=int(b["rollout"][i]),
+      step=int(b["step"][i]),
+      episode_return=float(b["ret"][i]),
+      reward=float(b["rew"][i]),
+      intrinsic=float(b["intr"][i]),
+      obs_key=b["obs"][i],
+      valid=bool(valid[i]),
+    )
+    for i in range(len(b["ret"]))
+  ]
+
+
+def ref_gigpo_episodes(episodes, *, gamma, use_std, cross_steps, penalty, eps=1e-6):
+  """GiGPO with EMPO2's memory reward, by hand, episode by episode: the step reward is
+  env reward + r_int (docs/method.md §3, §6), so the episode score is the env return plus the
+  summed r_int and R_t = sum_k gamma^k (r_{t+k} + r_int_{t+k}); penalty off both on invalid rows.
+  episodes: {rollout: (group, env return, [(obs, reward, intrinsic, valid) in step order])}.
+  Returns {(rollout, step): advantage}."""
+  score, step_ret = {}, {}
+  for rid, (_, ret, steps) in episodes.items():
+    total = ret + sum(s[2] for s in steps)
+    for t, (_, _, _, ok) in enumerate(steps):
+      g = sum(gamma**k * (s[1] + s[2]) for k, s in enumerate(steps[t:]))
+      score[rid, t] = total - penalty * (not ok)
+      step_ret[rid, t] = g - penalty * (not ok)
+
+  def norm(x, pool):
+    if len(pool) < 2:
+      return 0.0
+    a = x - np.mean(pool)
+    return a / (np.std(pool, ddof=1) + eps) if use_std else a
+
+  out = {}
+  for rid, (group, _, steps) in episodes.items():
+    mates = [r for r, e in episodes.items() if e[0] == group]
+    pool = [score[r, t] for r in mates for t in range(len(episodes[r][2]) if cross_steps else 1)]
+    for t, (obs, _, _, _) in enumerate(steps):
+      anchor = [step_ret[r, k] for r in mates for k, s in enumerate(episodes[r][2]) if s[0] == obs]
+      out[rid, t] = norm(score[rid, t], pool) + norm(step_ret[rid, t], anchor)
+  return out
+
+
+def test_gigpo_intrinsic_by_hand():
+  """Two episodes of one task, use_std False, gamma 0.5. A: rewards [0, 10], r_int [1, 0.5];
+  B: reward [0], r_int [1]; both start at "s". Episode scores 11.5 and 1 (mean 6.25): +-5.25.
+  Step returns A: 0 + 1 + 0.5 * 10.5 = 6.25, 10.5; B: 1; the anchor "s" {6.25, 1} (mean 3.625):
+  +-2.625, A's second step alone: 0. Without r_int it would be 7.5, 5, -7.5."""
+  from empo2_jax.rl.batch import turn_advantages
+
+  b = {
+    "group": np.array(["t", "t", "t"]),
+    "rollout": np.array([1, 0, 0]),
+    "step": np.array([0, 1, 0]),
+    "obs": np.array(["s", "x", "s"]),
+    "ret": np.array([0.0, 10.0, 10.0]),
+    "rew": np.array([0.0, 10.0, 0.0]),
+    "intr": np.array([1.0, 0.5, 1.0]),
+  }
+  got = turn_advantages(_turns(b), "gigpo", gamma=0.5, use_std=False)
+  np.testing.assert_array_equal(got, np.float32([-7.875, 5.25, 7.875]))
+
+
+@pytest.mark.parametrize("use_std", [True, False])
+@pytest.mark.parametrize("stats", ["steps", "trajectory"])
+@pytest.mark.parametrize("penalty", [0.0, 0.1])
+def test_gigpo_turn_advantages_add_the_intrinsic_reward(use_std, stats, penalty):
+  """rl/batch.turn_advantages("gigpo") vs the by-hand reference on shuffled turns, every switch."""
+  from empo2_jax.rl.batch import turn_advantages
+
+  b = random_batch(8, n_groups=2, n=4, max_len=5, n_obs=2)
+  valid = np.random.default_rng(9).random(len(b["ret"])) > 0.3
+  episodes = {}
+  for i in sorted(range(len(b["ret"])), key=lambda i: (b["rollout"][i], b["step"][i])):
+    e = episodes.setdefault(b["rollout"][i], (b["group"][i], b["ret"][i], []))
+    e[2].append((b["obs"][i], b["rew"][i], b["intr"][i], valid[i]))
+  kw = dict(gamma=0.95, step_weight=1.0, use_std=use_std, episode_stats=stats)
+  got = turn_advantages(_turns(b, valid), "gigpo", invalid_penalty=penalty, **kw)
+  ref = ref_gigpo_episodes(
+    episodes, gamma=0.95, use_std=use_std, cross_steps=stats == "steps", penalty=penalty
+  )
+  want = [ref[b["rollout"][i], b["step"][i]] for i in range(len(b["ret"]))]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # the reward matters: the same turns with r_int = 0 give other advantages
+  no_intr = turn_advantages(_turns({**b, "intr": 0 * b["intr"]}, valid), "gigpo", **kw)
+  assert not np.allclose(got, no_intr, atol=1e-3)
+
+
+@pytest.mark.parametrize("stats", ["steps", "trajectory"])
+@pytest.mark.parametrize("use_std", [True, False])
+def test_gigpo_without_intrinsic_is_unchanged(stats, use_std):
+  """All r_int = 0: bit-equal to gigpo_advantages on the env returns and rewards alone (the
+  estimator before the memory reward entered it)."""
+  from empo2_jax.rl.batch import turn_advantages
+
+  b = random_batch(10, n_groups=3, n=4, max_len=6)
+  b["intr"] = np.zeros(len(b["ret"]))
+  valid = np.arange(len(b["ret"])) % 4 != 1
+  kw = dict(gamma=0.95, step_weight=0.7, use_std=use_std, episode_stats=stats, invalid_penalty=0.1)
+  got = turn_advantages(_turns(b, valid), "gigpo", **kw)
+  want = A.gigpo_advantages(
+    b["group"], b["rollout"], b["step"], b["obs"], b["ret"], b["rew"], valid=valid, **kw
+  )
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("estimator", ["grpo_step", "grpo_rollout", "gigpo"])
+def test_every_estimator_reads_the_intrinsic_reward(estimator):
+  """One turn's r_int moves the advantages under every estimator (build.check_config's list)."""
+  from empo2_jax.rl.batch import turn_advantages
+
+  b = random_batch(11, n_groups=1, n=4, max_len=3)
+  kw = dict(gamma=0.95, use_std=False) if estimator == "gigpo" else {}
+  base = turn_advantages(_turns({**b, "intr": 0 * b["intr"]}), estimator, **kw)
+  one = np.zeros(len(b["ret"]))
+  one[0] = 5.0
+  assert not np.allclose(turn_advantages(_turns({**b, "intr": one}), estimator, **kw), base)
