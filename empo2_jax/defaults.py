@@ -98,7 +98,16 @@ def get_config(arg=None):
   # One memory slot per training variation (docs/fidelity.md). A variation without a slot
   # retrieves nothing in training; unseen_fallback='task' lets an evaluation with memory on test
   # variations and launch/adapt.py read the task's other slots instead ('none': nothing).
-  c.memory = dict(max_entries=1000, threshold=0.5, top_k=10, encoder_dir="", unseen_fallback="task")
+  # init_from: a run's workdir whose newest checkpoint's memory this run starts with (ours; e.g.
+  # arms that share one memory built beforehand, launch/probe.py); '': an empty memory.
+  c.memory = dict(
+    max_entries=1000,
+    threshold=0.5,
+    top_k=10,
+    encoder_dir="",
+    unseen_fallback="task",
+    init_from="",
+  )
 
   c.loss = dict(
     eps_low=0.2,

@@ -73,6 +73,13 @@ _INITIAL = flags.DEFINE_bool(
   "training methods: evaluate the config's initial policy, not a checkpoint (without it, a "
   "workdir with no checkpoint is refused)",
 )
+_EPISODES = flags.DEFINE_string(
+  "episodes",
+  "",
+  "training methods: also write the evaluated episodes to this directory (gs:// too), one "
+  "JSONL file per memory setting (without.jsonl, with.jsonl) of data/trajectories.episode_record "
+  "dicts; launch/probe.py --make reads them",
+)
 _TRIALS = flags.DEFINE_integer("trials", 10, "reflexion: trials per test variation")
 _REFLECTIONS = flags.DEFINE_integer("reflections", 3, "reflexion: reflections kept in context")
 _REFLECTION_TOKENS = flags.DEFINE_integer(
@@ -99,6 +106,8 @@ def _evaluate_policy(trainer, config, method, with_memory_settings):
   rows, result = [], None
   for with_memory in with_memory_settings:
     episodes = [e for e in trainer.eval_episodes(with_memory) if not e.env_failed]
+    if _EPISODES.value:
+      _write_episodes(_EPISODES.value, "with" if with_memory else "without", episodes, trainer)
     setting = "with memory" if with_memory else "no memory"
     returns = [e.episode_return for e in episodes]
     successes = [e.success for e in episodes]
@@ -107,6 +116,15 @@ def _evaluate_policy(trainer, config, method, with_memory_settings):
       extra = {"setting": setting, "iteration": trainer.iteration}
       result = dict(returns=returns, successes=successes, extra=extra)
   return rows, result
+
+
+def _write_episodes(directory, name: str, episodes, trainer) -> None:
+  from empo2_jax.data.trajectories import episode_record
+
+  out = epath.Path(directory)
+  out.mkdir(parents=True, exist_ok=True)
+  lines = [json.dumps(episode_record(e, trainer.iteration)) + "\n" for e in episodes]
+  (out / f"{name}.jsonl").write_text("".join(lines))
 
 
 def _reflexion(trainer, config):

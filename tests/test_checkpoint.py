@@ -172,3 +172,18 @@ def test_nothing_to_resume_and_nothing_restorable(tmp_path):
   with pytest.raises(RuntimeError, match="no checkpoint"):
     ckpt_lib.restore_trainer(ckpt, FakeTrainer(tmp_path / "b", seed=1))
   ckpt.close()
+
+
+def test_read_memory_takes_the_newest_steps_memory_read_only(tmp_path):
+  """config.memory.init_from: another run's memory, without touching that run's checkpoints."""
+  saved = _save_steps(tmp_path, seeds=[3, 5])
+  before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+  step, store = ckpt_lib.read_memory(tmp_path)
+  assert step == 2 and len(store) == 5
+  assert (
+    ckpt_lib.memory_to_blob(store).tobytes()
+    == ckpt_lib.memory_to_blob(saved[2].memory.store).tobytes()
+  )
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+  with pytest.raises(FileNotFoundError, match="memory.init_from"):
+    ckpt_lib.read_memory(tmp_path / "elsewhere")

@@ -151,7 +151,17 @@ def test_update_matches_full_logits_reference(n_minibatches=2, micro_rows=2):
   cur = np.asarray(full_logp(params, batch["cur_tokens"], batch["cur_attn"]))
   first = np.array([(b % 4) // 2 == 0 for b in range(B)])[:, None] & (want_mask > 0)
   assert met["ratio_max"] >= np.exp(cur - old)[first].max() * (1 - 1e-5)  # first step's ratios
-  assert all(np.isfinite(v) for v in jax.tree.leaves(met))
+  assert all(np.isfinite(v).all() for v in jax.tree.leaves(met))
+  # per-sample outputs (train/view_metrics.py reads them): the reference's mask and old log-probs
+  per = jax.tree.map(np.asarray, met["per_sample"])
+  np.testing.assert_array_equal(per["masked"][:, 0], masked)
+  np.testing.assert_array_equal(per["tokens"][:, 0], m.sum(1))
+  has = m.any(1)
+  np.testing.assert_allclose(per["min_old_logp"][has, 0], min_old[has], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(per["min_old_logp"][~has, 0], 0.0)
+  np.testing.assert_allclose(
+    per["old_logp_sum"][:, 0], np.where(m, old, 0).sum(1), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_positive_advantage_raises_logprob():
@@ -214,7 +224,8 @@ SHARDED_SCRIPT = textwrap.dedent("""
     assert s8.params["layers"]["w_up"].sharding.spec == pshard["layers"]["w_up"].spec
     d = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
             for a, b in zip(jax.tree.leaves(s8.params), jax.tree.leaves(s1.params)))
-    dm = max(abs(float(m8[k]) - float(m1[k])) / (abs(float(m1[k])) + 1e-6) for k in m1)
+    dm = max(abs(float(m8[k]) - float(m1[k])) / (abs(float(m1[k])) + 1e-6)
+             for k in m1 if k != "per_sample")
     moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
                 zip(jax.tree.leaves(s1.params), jax.tree.leaves(params)))
     print("RESULT", d, dm, moved)

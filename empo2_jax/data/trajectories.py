@@ -13,6 +13,8 @@ of the key, so read back by `episode_id`, not by position):
   turns: observation, prompt (the user message of that step, tips included), raw_action (the model's
          text), executed_action (after correction), reward, intrinsic, advantage (the turn's
          advantage in the update; NaN where it was not trained on), num_tips, num_tokens,
+         lowprob_masked (1: the low-probability mask removed the sample, 0: kept, -1: not in the
+         update), min_old_logp (its lowest old log-prob; 0 where lowprob_masked is -1),
   tips: the tip texts shown, all turns concatenated (turn t owns num_tips[t] of them, in order),
   response_ids / sampler_logprobs: the sampled tokens and their log-probs, concatenated over turns
          (turn t owns num_tokens[t]).
@@ -47,6 +49,11 @@ def _or_nan(x) -> float:
   return float("nan") if x is None else float(x)
 
 
+def _masked_flag(x) -> int:
+  """A turn's low-probability mask flag as stored: 1 masked, 0 kept, -1 not in the update."""
+  return -1 if x is None else int(bool(x))
+
+
 def episode_record(episode, iteration: int) -> dict:
   """The dataset example of one actor.Episode (plain python; floats rounded to float32)."""
   e, turns = episode, episode.turns
@@ -77,6 +84,8 @@ def episode_record(episode, iteration: int) -> dict:
       "advantage": [_f32(_or_nan(getattr(t, "advantage", None))) for t in turns],
       "num_tips": [len(s) for s in shown[: len(turns)]],
       "num_tokens": [len(t.response_ids) for t in turns],
+      "lowprob_masked": [_masked_flag(getattr(t, "lowprob_masked", None)) for t in turns],
+      "min_old_logp": [_f32(getattr(t, "min_old_logp", None) or 0.0) for t in turns],
     },
     "tips": [tip for s in shown[: len(turns)] for tip in s],
     "response_ids": [int(x) for t in turns for x in t.response_ids],
@@ -111,6 +120,8 @@ def _features():
           "advantage": np.float32,
           "num_tips": np.int32,
           "num_tokens": np.int32,
+          "lowprob_masked": np.int32,
+          "min_old_logp": np.float32,
         }
       ),
       "tips": f.Sequence(text),

@@ -79,6 +79,10 @@ class Turn:
   # This turn's advantage, set by the trainer once the iteration's advantages are computed (saved
   # with the episodes, data/trajectories.py); None: not trained on (evaluation, env_failed).
   advantage: Optional[float] = None
+  # Set by the trainer after the update (train/view_metrics.attach): whether the low-probability
+  # mask removed this sample, and its lowest old log-prob; None: not in the update's batch.
+  lowprob_masked: Optional[bool] = None
+  min_old_logp: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

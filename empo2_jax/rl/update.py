@@ -206,6 +206,22 @@ def _combine(total, met):
   }
 
 
+def per_sample_stats(resp_mask, old_logp, masked):
+  """Per turn sample ([B, T] each) of the update's old view: `masked` (the low-probability mask
+  removed it), `min_old_logp` (its lowest old log-prob over real response tokens; 0 without
+  any), `old_logp_sum` and `tokens` (real response tokens). The trainer maps them back to the
+  turns through sample_index (train/view_metrics.py)."""
+  real = resp_mask > 0
+  return {
+    "masked": masked,
+    "min_old_logp": jnp.where(
+      jnp.any(real, axis=-1), jnp.min(jnp.where(real, old_logp, jnp.inf), axis=-1), 0.0
+    ),
+    "old_logp_sum": jnp.sum(jnp.where(real, old_logp, 0.0), axis=-1),
+    "tokens": jnp.sum(real, axis=-1).astype(jnp.int32),
+  }
+
+
 def make_update_fn(
   model_config,
   cfg: UpdateConfig,
@@ -231,10 +247,12 @@ def make_update_fn(
   metrics: the per-step loss metrics (loss, pg_loss, clipfrac_*, ratio_mean, approx_kl, entropy,
   grad_norm, update_norm = ||the step's parameter change|| (global norm), ...) averaged over the
   optimizer steps taken (ratio_max: their max); optim_steps; masked_frac,
-  old_logp_mean, n_tokens over the whole batch; old_from_sampler (1.0: the old log-probs were the
-  sampler's); sampler_vs_old_logp_absdiff / _maxdiff, the mean / max over real response tokens of
-  |sampler_logp - recomputed old_logp|: over the whole batch when the old log-probs were
-  recomputed, over the first mini-batch when they came from the sampler (its first forward pass
+  old_logp_mean, n_tokens over the whole batch; per_sample, a dict of [B, T] arrays (B, T = 1
+  for a one-row-per-turn batch) from per_sample_stats (the only non-scalar entry);
+  old_from_sampler (1.0: the old log-probs were the sampler's); sampler_vs_old_logp_absdiff /
+  _maxdiff, the mean / max over real response tokens of |sampler_logp - recomputed old_logp|:
+  over the whole batch when the old log-probs were recomputed, over the first mini-batch when
+  they came from the sampler (its first forward pass
   runs on the unchanged weights, so its log-probs are the recomputed old ones, for free).
   """
   check_master_dtype(model_config)
@@ -445,6 +463,7 @@ def make_update_fn(
       "old_logp_mean": jnp.sum(jnp.where(full_mask > 0, old_flat, 0.0)) / n_tok,
       "n_tokens": jnp.sum(mask),
       "old_from_sampler": use_sampler.astype(jnp.float32),
+      "per_sample": per_sample_stats(full_mask, old_flat, masked_b.reshape(full_mask.shape[:2])),
     }
     data = {
       "cur_tokens": ch["cur_tokens"],

@@ -73,6 +73,32 @@ def memory_from_blob(blob) -> MemoryStore:
     return MemoryStore.from_state_dict({k: z[k] for k in z.files})
 
 
+def read_memory(workdir) -> tuple[int, MemoryStore]:
+  """(step, memory) of the newest checkpoint under <workdir>/checkpoints, read-only (the run may
+  still be training): what config.memory.init_from starts a run with."""
+  directory = epath.Path(workdir) / "checkpoints"
+  steps = (
+    sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    if directory.is_dir()
+    else []
+  )
+  if not steps:
+    raise FileNotFoundError(
+      f"memory.init_from={workdir!r}: no checkpoint in {directory}; pass the workdir of a "
+      "launch/train.py run that has saved one"
+    )
+  mgr = ocp.CheckpointManager(
+    directory,
+    item_handlers={MEMORY: ocp.StandardCheckpointHandler()},
+    options=ocp.CheckpointManagerOptions(create=False, read_only=True),
+  )
+  try:
+    out = mgr.restore(steps[-1], args=ocp.args.Composite(**{MEMORY: ocp.args.StandardRestore()}))
+  finally:
+    mgr.close()
+  return steps[-1], memory_from_blob(out[MEMORY]["npz"])
+
+
 # -- metrics.jsonl (the record of iterations before the restored step) -----------------------------
 def read_records(workdir, upto: Optional[int] = None) -> list[dict]:
   path = epath.Path(workdir) / METRICS_FILE
@@ -372,6 +398,7 @@ __all__ = [
   "restore_trainer",
   "memory_to_blob",
   "memory_from_blob",
+  "read_memory",
   "read_records",
   "rewrite_records",
 ]

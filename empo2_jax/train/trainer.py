@@ -31,7 +31,7 @@ from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
 from empo2_jax.train import build
 from empo2_jax.train import checkpoint as ckpt_lib
-from empo2_jax.train import faults, settings
+from empo2_jax.train import faults, settings, view_metrics
 from empo2_jax.train.hoststats import (
   CompileCounter,
   PhasePeaks,
@@ -109,6 +109,15 @@ class Trainer:
       self.test_rows = env.rows(task, "test")
       materials = build.materials(c, env, self.train_rows + self.test_rows)
       self.memory = Memory(*build.memory(c))
+      if c.memory.init_from:  # a memory built by another run (its own checkpoint wins on resume)
+        step, store = ckpt_lib.read_memory(c.memory.init_from)
+        if store.dim != self.memory.store.dim:
+          raise ValueError(
+            f"memory.init_from={c.memory.init_from!r}: its embeddings have dim {store.dim}, "
+            f"this run's encoder {self.memory.store.dim}; use the same memory.encoder_dir"
+          )
+        self.set_memory_store(store)
+        log.info("memory from %s step %d: %d tips", c.memory.init_from, step, len(store))
     except BaseException:
       self.pool.close()  # no worker or JVM outlives a failed start
       raise
@@ -322,7 +331,18 @@ class Trainer:
     metrics = self.iteration_metrics(
       mode, rollout.episodes, turns, advantages, rollout_stats, bstats
     )
-    return {**metrics, **upd, **timing, **explore_metrics}
+    # What the mask and the length check did to each view; per turn into the saved episodes.
+    view_metrics.attach(turns, batch["sample_index"], self.last_per_sample)
+    views = view_metrics.view_metrics(
+      turns,
+      batch["sample_index"],
+      self.last_per_sample,
+      rollout.episodes,
+      rollout_stats,
+      response_len=self.batch_cfg.response_len,
+      low_prob_delta=self.config.loss.low_prob_delta,
+    )
+    return {**metrics, **upd, **timing, **explore_metrics, **views}
 
   def rollout(self, rows: list[int], mode: str, key) -> Rollout:
     """rollout.group_size episodes of each row (one GRPO group a row), with memory tips unless
@@ -400,6 +420,7 @@ class Trainer:
     """The PPO update of the train state on `batch` (rl/update.py; docs/method.md §5); its
     metrics. Loss metrics (loss/update_norm: the global norm of a step's weight change among
     them) are per-step means; optim_steps counts the steps and keeps its own name."""
+    self.last_per_sample = None
     if not n_samples:
       return {"optim_steps": 0.0, "loss/update_norm": 0.0}
     c = self.config
@@ -410,9 +431,9 @@ class Trainer:
       batch = shd.shard_batch(batch, self.mesh)
     from_sampler = self._old_from_sampler(mode, batch)
     self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
-    upd = {
-      (k if k == "optim_steps" else f"loss/{k}"): float(v) for k, v in jax.device_get(upd).items()
-    }
+    upd = jax.device_get(upd)
+    self.last_per_sample = upd.pop("per_sample")  # per turn sample: train/view_metrics.py
+    upd = {(k if k == "optim_steps" else f"loss/{k}"): float(v) for k, v in upd.items()}
     if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
       raise RuntimeError(
         f"iteration {self.iteration}: the update took {upd['optim_steps']:g} optimizer "
