@@ -34,6 +34,12 @@ _VARIATIONS = flags.DEFINE_list("variations", [], "--make: keep only these varia
 _MIN_TIPS = flags.DEFINE_integer(
   "min_tips", 1, "--make: an episode needs at least this many tips shown over its turns"
 )
+_MAX_FAILED = flags.DEFINE_integer(
+  "max_failed_episodes",
+  0,
+  "--make: keep at most this many failed episodes (the first by episode id; 0: all), so the "
+  "failed set, the specificity control, does not dominate the scoring time",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "scoring: the run whose checkpoint is scored")
 _STEP = flags.DEFINE_integer("step", None, "scoring: the checkpoint step (default: the newest)")
 _OUT = flags.DEFINE_string("out", "", "scoring: write the figures and per-sample values here")
@@ -71,6 +77,7 @@ def make() -> None:
   episodes = [r for src in _EPISODES.value for r in _records(src)]
   keep = [int(v) for v in _VARIATIONS.value] or None
   records = probe.probe_records(episodes, variations=keep, min_tips=_MIN_TIPS.value)
+  records = probe.cap_episodes(records, "failed", _MAX_FAILED.value)
   if not records:
     raise cli.UserError(
       "no tip-guided episode among them",

@@ -72,6 +72,9 @@ def test_probe_records_are_the_tip_free_chats(tok):
   assert r["response_ids"] == eps[0]["response_ids"][n[0] + n[1] :]
   assert probe.summary(recs)["success"] == {"samples": 5, "episodes": 2, "variations": [5, 9]}
   assert [r["variation"] for r in probe.probe_records(eps, variations=[6])] == [6, 6, 6]
+  capped = probe.cap_episodes(recs, "success", 1)
+  assert {r["episode_id"] for r in capped} == {"it1-0", "it1-1"}
+  assert probe.cap_episodes(recs, "success", 0) == recs
 
 
 def test_probe_file_round_trip_and_bad_sets(tmp_path, tok):

@@ -87,6 +87,15 @@ def probe_records(
   return out
 
 
+def cap_episodes(records: Sequence[dict], which: str, max_episodes: int) -> list[dict]:
+  """The records with at most `max_episodes` episodes of set `which` (the first by episode id;
+  0: no cap); the other set is kept whole."""
+  if not max_episodes:
+    return list(records)
+  kept = sorted({r["episode_id"] for r in records if r["set"] == which})[:max_episodes]
+  return [r for r in records if r["set"] != which or r["episode_id"] in set(kept)]
+
+
 def write_probe(path, records: Sequence[dict]) -> None:
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +238,7 @@ __all__ = [
   "PROBE_SETS",
   "episode_records",
   "probe_records",
+  "cap_episodes",
   "write_probe",
   "read_probe",
   "summary",
