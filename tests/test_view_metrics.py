@@ -35,8 +35,12 @@ def test_view_metrics_count_what_the_batch_holds():
     "tokens": np.array([[3, 2, 2], [3, 0, 0]], np.int32),
   }
   eps = [
-    types.SimpleNamespace(mode="off", env_failed=False, use_memory=True, retrieved=[10, 0, 3]),
-    types.SimpleNamespace(mode="off", env_failed=False, use_memory=True, retrieved=[10]),
+    types.SimpleNamespace(
+      mode="off", env_failed=False, use_memory=True, retrieved=[10, 0, 3], prompt_tokens=[5, 9, 7]
+    ),
+    types.SimpleNamespace(
+      mode="off", env_failed=False, use_memory=True, retrieved=[10], prompt_tokens=[11]
+    ),
   ]
   m = vm.view_metrics(
     turns, sample_index, per, eps, {"truncations": 4}, response_len=8, low_prob_delta=-5.0
@@ -53,6 +57,7 @@ def test_view_metrics_count_what_the_batch_holds():
   assert off["context_truncations"] == 4  # every episode "off": the rollout's counter
   assert off["memory_steps"] == 4 and off["tips_max"] == 10 and off["tips_min"] == 0
   assert off["tips_zero"] == 1 and off["tips_mean"] == pytest.approx(23 / 4)
+  assert off["prompt_tokens_mean"] == 8.0 and off["prompt_tokens_max"] == 11
   assert m["view/on_tips/samples"] == 1 and m["view/on_tips/masked"] == 0
   assert not any(k.startswith("view/on/") for k in m)
 
@@ -101,6 +106,8 @@ def test_tiny_run_logs_view_metrics_checked_against_its_batch(tmp_path):
   assert m["view/off/masked_pos_adv"] == pos
   assert m["view/off/memory_steps"] == len(turns) and m["view/off/tips_mean"] >= 0
   assert m["view/off/context_truncations"] >= 0
+  lengths = [n for e in trainer.last_episodes for n in e.prompt_tokens]
+  assert len(lengths) == len(turns) and m["view/off/prompt_tokens_max"] == max(lengths)
 
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
     row = json.loads(f.readlines()[-1])

@@ -299,6 +299,7 @@ class Actor:
       e.messages.append({"role": "user", "content": self.user_message(e, obs[i], tip)})
       with self._timed("tokenize"):  # only what is new since the row's previous call
         ids = run.chats[i].tokens(e.messages)
+      e.prompt_tokens.append(len(ids))
       if len(e.messages) == 1:
         keep[i] = len(ids)
       requests[i] = ids

@@ -56,6 +56,8 @@ class Episode:
   observations: list = dataclasses.field(default_factory=list)
   retrieved: list = dataclasses.field(default_factory=list)  # memories shown per step
   tips_shown: list = dataclasses.field(default_factory=list)  # their texts, per step
+  # tokens of the whole chat each step's prompt holds (before any sampler truncation)
+  prompt_tokens: list = dataclasses.field(default_factory=list)
   score: float = 0.0
   done: bool = False
   success: bool = False

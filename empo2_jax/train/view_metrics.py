@@ -22,6 +22,8 @@ trainer, several where a method mixes them). Keys `view/<mode>/<name>`, only for
   old_logp_min       the lowest old log-prob of any sample's token
   min_old_logp_mean  the mean over samples of each sample's lowest token old log-prob
   context_truncations  sampler history truncations in the rollout (sampling/session.py)
+  prompt_tokens_mean, prompt_tokens_max  each step's whole chat as sampled, tip blocks included
+                     (before the sampler's truncation to rollout.max_context)
   memory_steps, tips_mean, tips_min, tips_max, tips_zero  steps with memory, and the tips
                      retrieved per step (their count distribution; tips_zero: steps with none)
 Saved episodes (data/trajectories.py) keep, per turn, `lowprob_masked` (1 masked, 0 kept, -1 not
@@ -111,6 +113,10 @@ def view_metrics(
     # The rollout ran one mode: its sampler counters belong to that mode's view.
     if eps and all(e.mode == mode for e in episodes):
       out[pre + "context_truncations"] = int(rollout_stats.get("truncations", 0))
+    lengths = np.array([n for e in eps for n in getattr(e, "prompt_tokens", [])], np.int64)
+    if lengths.size:  # the chat as sampled (tip blocks included), before sampler truncation
+      out[pre + "prompt_tokens_mean"] = float(lengths.mean())
+      out[pre + "prompt_tokens_max"] = int(lengths.max())
     shown = np.array([n for e in eps if e.use_memory for n in e.retrieved], np.int64)
     if shown.size:
       out.update(
