@@ -123,7 +123,9 @@ def synthetic_batch(c, tok, ucfg, episodes: int, turns: int, response: int):
   for t in tlist:
     t.response_ids = tok(t.response, add_special_tokens=False)["input_ids"][: response - 1] + [end]
     t.sampler_logprobs = list(rng.uniform(-3.0, -0.1, len(t.response_ids)))
-  adv = batch_lib.turn_advantages(tlist, c.advantage.estimator)
+  from empo2_jax.rl.advantages import turn_advantages
+
+  adv = turn_advantages(tlist, c.advantage.estimator, c.advantage)
   build_fn = batch_lib.build_packed_batch if c.optim.layout == "packed" else batch_lib.build_batch
   batch, stats = build_fn(tlist, adv, tok, bcfg)
   batch, layout = minibatch_lib.arrange(batch, ucfg, seed=(c.seed, 0))

@@ -119,6 +119,7 @@ def get_config(arg=None):
     entropy_coef=0.0,
     low_prob_mask=True,
     low_prob_delta=-5.0,
+    policy_loss="ppo_clip",  # a name in rl/losses.POLICY_LOSSES
   )
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
   # GiGPO only (rl/advantages.gigpo_advantages): episode statistics over one score per rollout

@@ -209,7 +209,8 @@ def test_gigpo_switches_change_the_result():
 
 
 def test_turn_advantages_pass_the_turns_valid_flags():
-  from empo2_jax.rl.batch import Turn, turn_advantages
+  from empo2_jax.rl.advantages import turn_advantages
+  from empo2_jax.rl.batch import Turn
 
   b = random_batch(7, n_groups=2, n=3, max_len=4)
   valid = np.arange(len(b["ret"])) % 3 != 0
@@ -300,7 +301,7 @@ def test_gigpo_intrinsic_by_hand():
   B: reward [0], r_int [1]; both start at "s". Episode scores 11.5 and 1 (mean 6.25): +-5.25.
   Step returns A: 0 + 1 + 0.5 * 10.5 = 6.25, 10.5; B: 1; the anchor "s" {6.25, 1} (mean 3.625):
   +-2.625, A's second step alone: 0. Without r_int it would be 7.5, 5, -7.5."""
-  from empo2_jax.rl.batch import turn_advantages
+  from empo2_jax.rl.advantages import turn_advantages
 
   b = {
     "group": np.array(["t", "t", "t"]),
@@ -319,8 +320,8 @@ def test_gigpo_intrinsic_by_hand():
 @pytest.mark.parametrize("stats", ["steps", "trajectory"])
 @pytest.mark.parametrize("penalty", [0.0, 0.1])
 def test_gigpo_turn_advantages_add_the_intrinsic_reward(use_std, stats, penalty):
-  """rl/batch.turn_advantages("gigpo") vs the by-hand reference on shuffled turns, every switch."""
-  from empo2_jax.rl.batch import turn_advantages
+  """turn_advantages("gigpo") vs the by-hand reference on shuffled turns, every switch."""
+  from empo2_jax.rl.advantages import turn_advantages
 
   b = random_batch(8, n_groups=2, n=4, max_len=5, n_obs=2)
   valid = np.random.default_rng(9).random(len(b["ret"])) > 0.3
@@ -345,7 +346,7 @@ def test_gigpo_turn_advantages_add_the_intrinsic_reward(use_std, stats, penalty)
 def test_gigpo_without_intrinsic_is_unchanged(stats, use_std):
   """All r_int = 0: bit-equal to gigpo_advantages on the env returns and rewards alone (the
   estimator before the memory reward entered it)."""
-  from empo2_jax.rl.batch import turn_advantages
+  from empo2_jax.rl.advantages import turn_advantages
 
   b = random_batch(10, n_groups=3, n=4, max_len=6)
   b["intr"] = np.zeros(len(b["ret"]))
@@ -361,7 +362,7 @@ def test_gigpo_without_intrinsic_is_unchanged(stats, use_std):
 @pytest.mark.parametrize("estimator", ["grpo_step", "grpo_rollout", "gigpo"])
 def test_every_estimator_reads_the_intrinsic_reward(estimator):
   """One turn's r_int moves the advantages under every estimator (build.check_config's list)."""
-  from empo2_jax.rl.batch import turn_advantages
+  from empo2_jax.rl.advantages import turn_advantages
 
   b = random_batch(11, n_groups=1, n=4, max_len=3)
   kw = dict(gamma=0.95, use_std=False) if estimator == "gigpo" else {}
@@ -369,3 +370,30 @@ def test_every_estimator_reads_the_intrinsic_reward(estimator):
   one = np.zeros(len(b["ret"]))
   one[0] = 5.0
   assert not np.allclose(turn_advantages(_turns({**b, "intr": one}), estimator, **kw), base)
+
+
+def test_estimator_registry_takes_its_settings_by_name_and_refuses_unknown_names():
+  """advantage.estimator is a registry (rl/advantages.ESTIMATORS): a new estimator is one
+  decorated function; its settings come from the config section by name, explicit values win."""
+  import types
+
+  from empo2_jax.rl import advantages as adv
+
+  seen = {}
+
+  @adv.register_estimator("toy_adv", settings=("gamma",))
+  def toy(turns, gamma=0.0):
+    seen["gamma"] = gamma
+    return np.full(len(turns), gamma, np.float32)
+
+  try:
+    turns = [types.SimpleNamespace()] * 3
+    got = adv.turn_advantages(turns, "toy_adv", {"gamma": 0.5, "use_std": True})
+    assert seen["gamma"] == 0.5 and got.tolist() == [0.5] * 3
+    assert adv.turn_advantages(turns, "toy_adv", {"gamma": 0.5}, gamma=0.25)[0] == 0.25
+    with pytest.raises(ValueError, match="already registered"):
+      adv.register_estimator("toy_adv")(toy)
+    with pytest.raises(ValueError, match="valid: grpo_step, grpo_rollout, gigpo, toy_adv"):
+      adv.turn_advantages(turns, "ppo")
+  finally:
+    del adv.ESTIMATORS["toy_adv"]

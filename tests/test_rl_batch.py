@@ -12,9 +12,10 @@ from empo2_jax.rl.batch import (
   build_batch,
   prompt_text,
   strip_tips,
-  turn_advantages,
   views_for,
 )
+
+turn_advantages = adv_lib.turn_advantages
 
 TIP = (
   "<tip> Here are some memories you collected in your previous exploration:\nopen door\n</tip>\n"

@@ -198,3 +198,36 @@ def test_bad_config_is_rejected():
     loss_config(agg="sum")
   with pytest.raises(ValueError, match="dual_clip"):
     loss_config(dual_clip=0.5)
+
+
+def test_policy_loss_registry_picks_the_loss_by_name():
+  """loss.policy_loss names a function in rl/losses.POLICY_LOSSES; the update calls that one."""
+  from empo2_jax.rl.update import init_train_state, make_update_fn
+  from tests.test_rl_update import MODEL, make_batch
+
+  import optax
+
+  from empo2_jax.model import llama
+  from tests.rl_settings import update_config
+
+  calls = []
+
+  @losses.register_policy_loss("toy_loss")
+  def toy(logp_br, old_logp_br, adv, mask_br, cfg, **kw):
+    calls.append(cfg.policy_loss)
+    return losses.policy_loss(logp_br, old_logp_br, adv, mask_br, cfg, **kw)
+
+  try:
+    assert losses.get_policy_loss("ppo_clip") is losses.policy_loss
+    assert loss_config().policy_loss == "ppo_clip"
+    with pytest.raises(ValueError, match="valid: ppo_clip, toy_loss"):
+      loss_config(policy_loss="nope")
+    with pytest.raises(ValueError, match="already registered"):
+      losses.register_policy_loss("toy_loss")(toy)
+    cfg = update_config(loss=loss_config(policy_loss="toy_loss"), micro_rows=2, minibatch_size=8)
+    params = llama.init_params(MODEL, jax.random.PRNGKey(0))
+    state = init_train_state(params, optax.sgd(0.1))
+    make_update_fn(MODEL, cfg, optax.sgd(0.1))(state, jax.tree.map(jnp.asarray, make_batch(0)))
+    assert calls and set(calls) == {"toy_loss"}  # traced once per compiled program
+  finally:
+    del losses.POLICY_LOSSES["toy_loss"]

@@ -11,9 +11,23 @@ Input format: flat arrays with one entry per turn (any order), all of length N:
 
 Groups of a single member (one turn, one rollout, one anchor state) get advantage 0: there is no
 baseline to compare against. Groups whose scores are all equal get exactly 0 (never NaN).
+
+Estimators by name (`advantage.estimator`): a registry of functions of the trainer's turns
+(objects with group_id, rollout_id, step, obs_key, episode_return, reward, intrinsic, valid:
+rl/batch.Turn), each with the `advantage.<key>` settings it reads:
+
+    turn_advantages(turns, "gigpo", config.advantage)       # [N] float32
+    @register_estimator("my_adv", settings=("gamma",))       # a new estimator: one function
+    def my_adv(turns, gamma=0.95): ...
+
+Every estimator adds the turns' memory reward r_int (docs/method.md §3) to the score it
+normalises.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -151,3 +165,106 @@ def gigpo_advantages(
   aid, n_anchor = _group_index(list(zip(group_ids, obs_keys)))
   a_step = _normalise_in_groups(g, aid, n_anchor, use_std=use_std, ddof=ddof, eps=eps)
   return (a_episode + step_weight * a_step).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- registry
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  name: str
+  fn: Callable[..., np.ndarray]  # fn(turns, **settings) -> [N] float32
+  settings: tuple[str, ...]  # the advantage.<key> settings fn takes, by the config's names
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str, settings: Sequence[str] = ()):
+  """Decorator: registers fn(turns, **settings) as advantage.estimator=`name`."""
+
+  def deco(fn):
+    if name in ESTIMATORS:
+      raise ValueError(f"advantage estimator {name!r} is already registered")
+    ESTIMATORS[name] = Estimator(name, fn, tuple(settings))
+    return fn
+
+  return deco
+
+
+def get_estimator(name: str) -> Estimator:
+  if name not in ESTIMATORS:
+    raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ESTIMATORS)}")
+  return ESTIMATORS[name]
+
+
+def turn_advantages(turns: Sequence, estimator: str, settings=None, **kwargs) -> np.ndarray:
+  """Advantages [N] of the turns by the estimator `estimator`: the settings it reads are taken
+  from `settings` (a mapping such as config.advantage; absent keys keep the function's defaults),
+  then `kwargs` (explicit values win)."""
+  est = get_estimator(estimator)
+  kw = {k: settings[k] for k in est.settings if settings is not None and k in settings}
+  kw.update(kwargs)
+  return est.fn(turns, **kw)
+
+
+@register_estimator("grpo_step")
+def grpo_step_turns(turns, ddof=1, eps=1e-6):
+  """Paper-era GRPO, step level (the GRPO group advantage A = (s - mean) / (std + eps) over the
+  task row's turns, docs/method.md §6): s = episode return + the turn's r_int."""
+  return grpo_step_advantages(
+    [t.group_id for t in turns],
+    [t.episode_return for t in turns],
+    [t.intrinsic for t in turns],
+    ddof=ddof,
+    eps=eps,
+  )
+
+
+@register_estimator("grpo_rollout")
+def grpo_rollout_turns(turns, ddof=1, eps=1e-6):
+  """Release GRPO, rollout level (docs/method.md §6): s = the rollout's sum of (reward + r_int),
+  normalised over the group's rollouts and given to each of its turns."""
+  return rollout_advantages(
+    [t.group_id for t in turns],
+    [t.rollout_id for t in turns],
+    [t.reward + t.intrinsic for t in turns],
+    ddof=ddof,
+    eps=eps,
+  )
+
+
+def gigpo_scores(turns: Sequence) -> tuple[list, list]:
+  """(episode returns [N], step rewards [N]) for GiGPO with EMPO2's memory reward r_int
+  (docs/method.md §3: added to the score unscaled, at every step of a memory rollout).
+
+  GiGPO's episode score is the sum of the episode's step rewards and its step return the
+  discounted sum of the later ones (docs/method.md §6; docs/methods.md §4.2 items 1-2). With
+  EMPO2's step reward reward + intrinsic, as grpo_rollout sums it, that is: the episode return
+  plus the rollout's summed intrinsic (one value per rollout, repeated on its turns), and each
+  step's reward plus its own intrinsic, before discounting. With every intrinsic 0 both equal
+  the plain returns and rewards (x + 0.0 == x).
+  """
+  total: dict = {}
+  for t in turns:
+    total[t.rollout_id] = total.get(t.rollout_id, 0.0) + float(t.intrinsic)
+  returns = [t.episode_return + total[t.rollout_id] for t in turns]
+  rewards = [t.reward + t.intrinsic for t in turns]
+  return returns, rewards
+
+
+@register_estimator(
+  "gigpo", settings=("gamma", "step_weight", "use_std", "episode_stats", "invalid_penalty")
+)
+def gigpo_turns(turns, **kwargs):
+  """GiGPO (Feng et al. 2025; docs/method.md §6): episode advantage (their Eq. 3) + w x step
+  advantage over anchor states (Eqs. 5-8), with EMPO2's r_int in both scores (gigpo_scores)."""
+  returns, rewards = gigpo_scores(turns)
+  return gigpo_advantages(
+    [t.group_id for t in turns],
+    [t.rollout_id for t in turns],
+    [t.step for t in turns],
+    [t.obs_key for t in turns],
+    returns,
+    rewards,
+    valid=[t.valid for t in turns],
+    **kwargs,
+  )

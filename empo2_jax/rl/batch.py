@@ -45,7 +45,6 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 
 from empo2_jax.model.chat import chat_text
-from empo2_jax.rl import advantages as adv_lib
 from empo2_jax.rl.packing import pack_views
 
 MODES = ("on", "on_tips", "off")
@@ -140,60 +139,6 @@ def bucket_size(n: int, multiple: int, growth: float) -> int:
     k += 1
     size = max(size + 1, math.ceil(growth**k))
   return size * multiple
-
-
-def turn_advantages(turns: Sequence[Turn], estimator: str, **kwargs) -> np.ndarray:
-  """Advantages [N] for the turns. estimator: "grpo_step" | "grpo_rollout" | "gigpo".
-
-  Every estimator adds the turns' memory reward `intrinsic` (r_int, docs/method.md §3) to the
-  score it normalises (docs/method.md §6): grpo_step: score = episode return + the turn's
-  intrinsic (paper-era). grpo_rollout: sum over the rollout of (reward + intrinsic) (release).
-  gigpo: episode return + the rollout's summed intrinsic, step rewards reward + intrinsic
-  (_gigpo_scores); kwargs gamma, step_weight, use_std, episode_stats, invalid_penalty (the turns'
-  `valid` flags feed the penalty).
-  """
-  g = [t.group_id for t in turns]
-  r = [t.rollout_id for t in turns]
-  if estimator == "grpo_step":
-    return adv_lib.grpo_step_advantages(
-      g, [t.episode_return for t in turns], [t.intrinsic for t in turns], **kwargs
-    )
-  if estimator == "grpo_rollout":
-    return adv_lib.rollout_advantages(g, r, [t.reward + t.intrinsic for t in turns], **kwargs)
-  if estimator == "gigpo":
-    returns, rewards = _gigpo_scores(turns)
-    return adv_lib.gigpo_advantages(
-      g,
-      r,
-      [t.step for t in turns],
-      [t.obs_key for t in turns],
-      returns,
-      rewards,
-      valid=[t.valid for t in turns],
-      **kwargs,
-    )
-  raise ValueError(
-    f"unknown advantage estimator {estimator!r}; valid: grpo_step, grpo_rollout, gigpo"
-  )
-
-
-def _gigpo_scores(turns: Sequence[Turn]) -> tuple[list, list]:
-  """(episode returns [N], step rewards [N]) for GiGPO with EMPO2's memory reward r_int
-  (docs/method.md §3: added to the score unscaled, at every step of a memory rollout).
-
-  GiGPO's episode score is the sum of the episode's step rewards and its step return the
-  discounted sum of the later ones (docs/method.md §6; docs/methods.md §4.2 items 1-2). With
-  EMPO2's step reward reward + intrinsic, as grpo_rollout sums it, that is: the episode return
-  plus the rollout's summed intrinsic (one value per rollout, repeated on its turns), and each
-  step's reward plus its own intrinsic, before discounting. With every intrinsic 0 both equal
-  the plain returns and rewards (x + 0.0 == x).
-  """
-  total: dict = {}
-  for t in turns:
-    total[t.rollout_id] = total.get(t.rollout_id, 0.0) + float(t.intrinsic)
-  returns = [t.episode_return + total[t.rollout_id] for t in turns]
-  rewards = [t.reward + t.intrinsic for t in turns]
-  return returns, rewards
 
 
 def _tokenize_views(tokenizer, turns, needed):

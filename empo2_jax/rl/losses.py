@@ -17,7 +17,7 @@ value. Left as None, they are the counts of the arrays given.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 import jax.numpy as jnp
 
@@ -43,8 +43,13 @@ class LossConfig:
   entropy_coef: float
   low_prob_mask: bool
   low_prob_delta: float
+  policy_loss: str = "ppo_clip"  # a name in POLICY_LOSSES (register_policy_loss)
 
   def __post_init__(self):
+    if self.policy_loss not in POLICY_LOSSES:
+      raise ValueError(
+        f"LossConfig.policy_loss={self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES)}"
+      )
     if self.agg not in AGGS:
       raise ValueError(f"LossConfig.agg must be one of {AGGS}, got {self.agg!r}")
     if self.kl_estimator not in KL_ESTIMATORS:
@@ -53,6 +58,29 @@ class LossConfig:
       )
     if self.dual_clip and self.dual_clip <= 1.0:
       raise ValueError(f"LossConfig.dual_clip must be > 1, or 0 / None, got {self.dual_clip}")
+
+
+# name -> fn(logp_br, old_logp_br, adv, mask_br, cfg, *, ref_logp_br, entropy_br,
+# shaping_gamma_br, token_denom, seq_denom) -> (loss, metrics): `loss.policy_loss` picks one.
+POLICY_LOSSES: dict[str, Callable] = {}
+
+
+def register_policy_loss(name: str):
+  """Decorator: registers a policy loss under `name` (policy_loss's signature and returns)."""
+
+  def deco(fn):
+    if name in POLICY_LOSSES:
+      raise ValueError(f"policy loss {name!r} is already registered")
+    POLICY_LOSSES[name] = fn
+    return fn
+
+  return deco
+
+
+def get_policy_loss(name: str) -> Callable:
+  if name not in POLICY_LOSSES:
+    raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(POLICY_LOSSES)}")
+  return POLICY_LOSSES[name]
 
 
 def low_prob_keep(old_logp_br, mask_br, delta):
@@ -103,6 +131,7 @@ def shaped_ratio(log_ratio, gamma):
   return rho / (rho + gamma)
 
 
+@register_policy_loss("ppo_clip")
 def policy_loss(
   logp_br,
   old_logp_br,
@@ -116,7 +145,8 @@ def policy_loss(
   token_denom=None,
   seq_denom=None,
 ):
-  """PPO-clip loss. `mask_br` is the final response mask (low-prob mask already applied).
+  """PPO-clip loss (docs/method.md §5: the clipped surrogate of PPO's Eq. 7 with asymmetric
+  clip and dual clip). `mask_br` is the final response mask (low-prob mask already applied).
 
   shaping_gamma_br: None, or a per-token constant gamma >= 0. Where gamma > 0 (tokens sampled
   under another policy, e.g. docs/methods.md §6) the token's term is -A * shaped_ratio(log_ratio,

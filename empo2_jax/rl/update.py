@@ -59,7 +59,7 @@ import optax
 
 from empo2_jax.parallel.sharding import on_mesh
 from empo2_jax.rl.logprobs import response_logprobs
-from empo2_jax.rl.losses import LossConfig, apply_low_prob_mask, policy_loss
+from empo2_jax.rl.losses import LossConfig, apply_low_prob_mask, get_policy_loss
 from empo2_jax.rl.packing import packed_response_logprobs
 
 MASTER_DTYPE = "float32"
@@ -332,7 +332,7 @@ def make_update_fn(
       "_diff_n": jnp.sum(real).astype(jnp.float32),
       "_diff_max": jnp.max(diff),
     }
-    loss, met = policy_loss(
+    loss, met = get_policy_loss(lcfg.policy_loss)(
       flat(logp),
       flat(d["old_logp"]),
       flat(d["advantages"]),

@@ -76,9 +76,11 @@ def check_config(c) -> None:
       f"optim.prompt_len_check={c.optim.prompt_len_check!r}; valid: "
       f"{', '.join(batch_lib.PROMPT_LEN_CHECKS)}"
     )
-  if c.advantage.estimator not in ("grpo_step", "grpo_rollout", "gigpo"):
+  from empo2_jax.rl.advantages import ESTIMATORS
+
+  if c.advantage.estimator not in ESTIMATORS:
     raise ConfigError(
-      f"advantage.estimator={c.advantage.estimator!r}; valid: grpo_step, grpo_rollout, gigpo"
+      f"advantage.estimator={c.advantage.estimator!r}; valid: {', '.join(ESTIMATORS)}"
     )
   if c.advantage.episode_stats not in ("trajectory", "steps"):
     raise ConfigError(
@@ -99,6 +101,10 @@ def check_config(c) -> None:
       raise ConfigError(f"empo2.{name}={c.empo2[name]} must be in [0, 1]")
   if c.loss.agg not in losses.AGGS:
     raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: {', '.join(losses.AGGS)}")
+  if c.loss.policy_loss not in losses.POLICY_LOSSES:
+    raise ConfigError(
+      f"loss.policy_loss={c.loss.policy_loss!r}; valid: {', '.join(losses.POLICY_LOSSES)}"
+    )
   if c.loss.kl_estimator not in losses.KL_ESTIMATORS:
     raise ConfigError(
       f"loss.kl_estimator={c.loss.kl_estimator!r}; valid: {sorted(losses.KL_ESTIMATORS)}"

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from empo2_jax import remote
 from empo2_jax.agent import hosts
 from empo2_jax.agent.actor import Actor, Memory, Rollout
+from empo2_jax.rl import advantages as adv_lib
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
@@ -374,16 +375,7 @@ class Trainer:
     """Each turn's advantage (docs/method.md §6, advantage.estimator), also kept on the turn
     (saved with the episodes: data/trajectories.py; launch/inspect_run.py)."""
     a = self.config.advantage
-    kwargs = {}
-    if a.estimator == "gigpo":
-      kwargs = dict(
-        gamma=a.gamma,
-        step_weight=a.step_weight,
-        use_std=a.use_std,
-        episode_stats=a.episode_stats,
-        invalid_penalty=a.invalid_penalty,
-      )
-    advantages = batch_lib.turn_advantages(turns, a.estimator, **kwargs)
+    advantages = adv_lib.turn_advantages(turns, a.estimator, a)  # rl/advantages.ESTIMATORS
     for t, x in zip(turns, np.asarray(advantages, np.float64).tolist()):
       t.advantage = x
     return advantages
