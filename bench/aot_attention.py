@@ -31,7 +31,7 @@ def free_attention(q, k, v, allowed, dtype, block):
 
 
 def probe(req, config, mesh, devices) -> dict:
-  from empo2_jax.parallel import aot
+  from empo2_jax.programs import aot
 
   t0 = time.time()
   r = aot.cost_estimate(req, config, mesh, aot.PROGRAMS[req.program](config, mesh, req), devices)
@@ -53,11 +53,11 @@ def main():
   ap.add_argument("--seq", type=int, default=4532)
   args = ap.parse_args()
 
-  import empo2_jax.rl.aot  # noqa: F401  (registers "train_step")
+  import empo2_jax.programs.update_aot  # noqa: F401  (registers "train_step")
   from empo2_jax import defaults
   from empo2_jax.model import llama
   from empo2_jax.model.configs import get_preset
-  from empo2_jax.parallel import aot
+  from empo2_jax.programs import aot
   from empo2_jax.parallel.mesh import make_mesh
   from empo2_jax.train import settings
 

@@ -19,14 +19,14 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chi
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 
-from empo2_jax.parallel import aot  # noqa: E402
+from empo2_jax.programs import aot  # noqa: E402
 from empo2_jax import cli  # noqa: E402
 from empo2_jax.train import settings  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Modules that register further programs (train_step: the EMPO2 update; sampler, sampler_prefill).
-PROGRAM_MODULES = ("empo2_jax.rl.aot", "empo2_jax.sampling.aot")
+PROGRAM_MODULES = ("empo2_jax.programs.update_aot", "empo2_jax.programs.sampler_aot")
 for _module in PROGRAM_MODULES:
   importlib.import_module(_module)
 

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     from empo2_jax.parallel import sharding as shd
     from empo2_jax.parallel.mesh import make_mesh
     from empo2_jax.rl import update as U
-    from empo2_jax.rl.aot import abstract_batch
+    from empo2_jax.programs.update_aot import abstract_batch
     from tests.rl_settings import update_config
 
     C = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=256, num_layers=2,

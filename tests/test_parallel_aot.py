@@ -105,7 +105,7 @@ def test_the_flop_floor_counts_every_matmul_weight_and_rejects_undercounting_pro
   import numpy as np
 
   from empo2_jax.model.llama import param_shapes
-  from empo2_jax.parallel import aot as aot_lib
+  from empo2_jax.programs import aot as aot_lib
 
   c = get_preset("tiny")
   shapes = param_shapes(c)["layers"]

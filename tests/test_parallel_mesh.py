@@ -7,7 +7,8 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from empo2_jax.model import llama
 from empo2_jax.model.configs import get_preset
-from empo2_jax.parallel import aot, mesh as pmesh, sharding as shd, train_lm
+from empo2_jax.parallel import mesh as pmesh, sharding as shd
+from empo2_jax.programs import aot, train_lm
 
 
 def abstract_mesh(data, fsdp, tensor):

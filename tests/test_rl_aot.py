@@ -14,9 +14,9 @@ SCRIPT = textwrap.dedent("""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from empo2_jax.defaults import get_config
-    from empo2_jax.parallel import aot
+    from empo2_jax.programs import aot
     from empo2_jax.train import settings
-    import empo2_jax.rl.aot  # registers "train_step"
+    import empo2_jax.programs.update_aot  # registers "train_step"
     c = get_config()  # the base config's mesh, remat, dtypes and update settings
     BASE = dict(mesh=",".join(f"{k}={v}" for k, v in c.mesh.items()), remat=c.model.remat,
                 param_dtype=c.model.param_dtype, compute_dtype=c.model.compute_dtype,

@@ -1,4 +1,4 @@
-"""Registers the EMPO2 update as the AOT program "train_step" (empo2_jax/parallel/aot.py).
+"""Registers the EMPO2 update as the AOT program "train_step" (empo2_jax/programs/aot.py).
 
 Importing this module adds the program; `launch/aot.py` must import it to offer it:
 
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from empo2_jax.model import llama
 from empo2_jax.parallel import sharding as shd
-from empo2_jax.parallel.aot import (
+from empo2_jax.programs.aot import (
   Program,
   forward_flops_per_token,
   matmul_floor,

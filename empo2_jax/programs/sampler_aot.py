@@ -1,6 +1,6 @@
-"""AOT programs of the sampler for parallel/aot.py: `sampler` (decode loop) and `sampler_prefill`.
+"""AOT programs of the sampler for programs/aot.py: `sampler` (decode loop) and `sampler_prefill`.
 
-Importing this module registers them in `empo2_jax.parallel.aot.PROGRAMS`. Request fields used:
+Importing this module registers them in `empo2_jax.programs.aot.PROGRAMS`. Request fields used:
 batch = session rows, seq = cache length per row (prompt + response room + chunk headroom),
 compute_dtype for the matmuls (the cache is bf16, SamplerSettings' default). `sampler` is the
 jitted decode loop for 32 new tokens (the EMPO2 action length) in "sample" mode; `sampler_prefill`
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.model import llama
-from empo2_jax.parallel import aot
+from empo2_jax.programs import aot
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.sampling import kernels
 from empo2_jax.sampling.sampler import SamplerSettings

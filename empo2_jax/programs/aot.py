@@ -40,7 +40,7 @@ from empo2_jax.model import llama
 from empo2_jax.model.configs import LlamaConfig, get_preset
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.parallel.mesh import make_mesh
-from empo2_jax.parallel.train_lm import (
+from empo2_jax.programs.train_lm import (
   LMTrainConfig,
   abstract_train_state,
   make_lm_train_step,

@@ -1,0 +1,11 @@
+"""empo2_jax.programs: whole jitted programs built from the layers below (model, parallel, rl,
+sampling), and their ahead-of-time compilation for a TPU topology without a TPU:
+
+  aot.py          the AOT driver: abstract inputs on a topology's mesh, lower, compile, memory and
+                  time estimates; the program registry (PROGRAMS)
+  train_lm.py     a sharded next-token LM train step (the AOT "lm_step" program and the mesh tests)
+  update_aot.py   registers the EMPO2 update (rl/update.py) as "train_step"
+  sampler_aot.py  registers the sampler's decode loop and prefill as "sampler", "sampler_prefill"
+
+parallel/ keeps the primitives (mesh, sharding rules) that the model and the update use.
+"""
