@@ -15,11 +15,12 @@ eval: the config's policy (the base model, or --config.model.checkpoint=DIR, e.g
   train.eval_repeats: K = --samples candidates per step at temperature 1, top --top_k by
   log-prob, re-scored with lambda_t = max(--floor, --discount^t) (ScienceWorld: 0.6, 0.97).
   Writes <workdir>/eval/result.json (launch/table.py), table.md and table.csv.
+--workdir and --episodes may be gs:// (etils.epath, needs gcsfs; the critic through orbax): the
+  episode datasets are read through temporary local copies, every output goes to the workdir.
 """
 
 import dataclasses
 import json
-import os
 import sys
 import time
 import warnings
@@ -95,8 +96,9 @@ def train(config) -> None:
   }
   Q.save(_WORKDIR.value, state, cfg, proto, meta)
   summary = dict(meta, history=history, seconds=time.perf_counter() - t0, vocab=tok.vocab_size)
-  with open(os.path.join(_WORKDIR.value, "retrospex_train.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  from etils import epath
+
+  (epath.Path(_WORKDIR.value) / "retrospex_train.json").write_text(json.dumps(summary, indent=1))
   print(f"critic saved in {_WORKDIR.value} ({int(state.step)} updates)")
 
 
@@ -188,12 +190,24 @@ def main(argv):
 
   config = _CONFIG.value
   methods.apply(config, "retrospex", keep=methods.explicit_keys(sys.argv[1:]))
-  os.makedirs(_WORKDIR.value, exist_ok=True)
+  from etils import epath
+
+  epath.Path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)  # gs://: nothing to make
   if commands == ["train"]:
     train(config)
   else:
     evaluate(config)
 
 
+def _check_paths(flag_values) -> None:
+  """gs:// without gcsfs or credentials: one line before anything starts (data/storage.py)."""
+  from empo2_jax.data.storage import check_gcs_access
+
+  check_gcs_access(flag_values.workdir, "--workdir")
+  for p in flag_values.episodes.split(","):
+    check_gcs_access(p, "--episodes")
+
+
 if __name__ == "__main__":
-  cli.run(main)  # one-line errors for config, checkpoint and path mistakes (exit 2)
+  # one-line errors for config, checkpoint and path mistakes (exit 2)
+  cli.run(main, checks=(_check_paths,))

@@ -9,6 +9,8 @@
 Arguments this script does not know (e.g. --config.train.iterations=20, --no_progress) are passed
 to every run. Rerunning a sweep resumes each run from its newest checkpoint (launch/train.py).
 <workdir>/sweep.json lists the runs; `python launch/plot.py --workdirs=<workdir>` compares them.
+The workdir may be gs://BUCKET/DIR (needs gcsfs): sweep.json and every run's workdir go there, as
+launch/train.py writes a gs:// workdir.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import os
 import shlex
 import subprocess
 import sys
+
+from etils import epath
 
 from empo2_jax.defaults import load_module
 from empo2_jax import cli, preflight
@@ -86,6 +90,7 @@ def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> l
     raise SystemExit(f"error: --sweep={sweep_arg!r} names no sweep; use path:name")
   config = preflight.load_config(config_arg)  # a missing file or bad variant: cli.UserError
   runs = load_module(sweep_path).get_sweep(sweep_name)
+  workdir = str(workdir).rstrip("/") or workdir
   out, seen = [], set()
   for i, overrides in enumerate(runs):
     check_overrides(config, overrides, f"{sweep_name}[{i}]")
@@ -93,7 +98,7 @@ def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> l
     if name in seen:
       raise SystemExit(f"error: sweep {sweep_name} has two runs named {name!r}")
     seen.add(name)
-    run_dir = os.path.join(workdir, name)
+    run_dir = f"{workdir}/{name}"  # a local path or gs://BUCKET/DIR/<name>
     script = script_for(overrides.get("method"))
     cmd = [sys.executable, script, f"--config={config_arg}", f"--workdir={run_dir}"]
     cmd += [f"--config.{k}={v}" for k, v in overrides.items() if k != "name"] + list(extra)
@@ -112,7 +117,9 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--config", required=True, help="config file[:variant], as for launch/train.py")
   p.add_argument("--sweep", required=True, help="sweep file:name, e.g. configs/sweeps.py:pq")
-  p.add_argument("--workdir", required=True, help="root; each run goes to <workdir>/<run name>")
+  p.add_argument(
+    "--workdir", required=True, help="root (local or gs://); each run goes to <workdir>/<run name>"
+  )
   p.add_argument("--print_commands", action="store_true", help="print one command per run")
   p.add_argument("--dry_run", action="store_true", help="print the expanded runs as JSON")
   args, extra = p.parse_known_args(argv)
@@ -124,9 +131,13 @@ def main(argv=None) -> int:
     for r in runs:
       print(shlex.join(r["command"]))
     return 0
-  os.makedirs(args.workdir, exist_ok=True)
-  with open(os.path.join(args.workdir, "sweep.json"), "w", encoding="utf-8") as f:
-    json.dump(runs, f, indent=1)
+  preflight.check_workdir(args.workdir)  # a file, or gs:// without gcsfs: one line, exit 2
+  from empo2_jax.data.storage import check_gcs_access
+
+  check_gcs_access(args.workdir, "--workdir")  # gs:// without credentials: one line, exit 2
+  root = epath.Path(args.workdir)
+  root.mkdir(parents=True, exist_ok=True)  # gs://: no directories to make
+  (root / "sweep.json").write_text(json.dumps(runs, indent=1))
   failed = []
   for i, r in enumerate(runs):
     print(f"[{i + 1}/{len(runs)}] {r['name']}: {shlex.join(r['command'])}", flush=True)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from typing import Any, Callable, Optional
 
 import numpy as np
+from etils import epath
 
 import jax
 import jax.numpy as jnp
@@ -247,38 +247,39 @@ CRITIC_DIR, TOKENIZER_FILE, META_FILE = "critic", "tokenizer.model", "critic.jso
 
 
 def save(directory: str, state: IQLState, cfg: IQLConfig, tokenizer_proto: bytes, meta: dict):
-  """<directory>/critic (orbax), tokenizer.model (SentencePiece) and critic.json (config, meta)."""
+  """<directory>/critic (orbax), tokenizer.model (SentencePiece) and critic.json (config, meta).
+  `directory` may be gs:// (etils.epath; orbax writes it through tensorstore)."""
   import orbax.checkpoint as ocp
 
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.abspath(os.path.join(directory, CRITIC_DIR))
+  from empo2_jax import remote
+
+  remote.check(directory)
+  root = epath.Path(remote.absolute(directory))
+  root.mkdir(parents=True, exist_ok=True)
   ckpt = ocp.StandardCheckpointer()
-  ckpt.save(path, jax.device_get(state), force=True)
+  ckpt.save(root / CRITIC_DIR, jax.device_get(state), force=True)
   ckpt.wait_until_finished()
-  with open(os.path.join(directory, TOKENIZER_FILE), "wb") as f:
-    f.write(tokenizer_proto)
-  with open(os.path.join(directory, META_FILE), "w") as f:
-    json.dump({"iql": dataclasses.asdict(cfg), **meta}, f, indent=1)
+  (root / TOKENIZER_FILE).write_bytes(tokenizer_proto)
+  (root / META_FILE).write_text(json.dumps({"iql": dataclasses.asdict(cfg), **meta}, indent=1))
 
 
 def load(directory: str):
-  """(nets, state, cfg, tokenizer proto, meta) saved by `save`."""
+  """(nets, state, cfg, tokenizer proto, meta) saved by `save` (local or gs://)."""
   import orbax.checkpoint as ocp
 
+  from empo2_jax import remote
   from empo2_jax.baselines.retrospex_data import Tokenizer
 
-  meta_path = os.path.join(directory, META_FILE)
-  if not os.path.exists(meta_path):
+  remote.check(directory)
+  root = epath.Path(remote.absolute(directory))
+  if not (root / META_FILE).exists():
     raise FileNotFoundError(
       f"no Retrospex critic in {directory} ({META_FILE} missing); train one with "
       "launch/retrospex.py train"
     )
-  with open(meta_path) as f:
-    meta = json.load(f)
+  meta = json.loads((root / META_FILE).read_text())
   cfg = IQLConfig(**meta.pop("iql"))
-  with open(os.path.join(directory, TOKENIZER_FILE), "rb") as f:
-    proto = f.read()
-  tok = Tokenizer(proto)
+  tok = Tokenizer((root / TOKENIZER_FILE).read_bytes())
   nets = make_nets(tok.vocab_size, cfg)
   example = {
     f"{k}_{s}": np.ones((1, 1), np.int32) if s == "ids" else np.ones((1,), np.int32)
@@ -288,7 +289,7 @@ def load(directory: str):
   example.update(reward=np.zeros(1, np.float32), done=np.zeros(1, np.float32))
   abstract, _ = init_state(nets, cfg, example)
   ckpt = ocp.StandardCheckpointer()
-  state = ckpt.restore(os.path.abspath(os.path.join(directory, CRITIC_DIR)), abstract)
+  state = ckpt.restore(root / CRITIC_DIR, abstract)
   return nets, state, cfg, tok, meta
 
 

@@ -4,6 +4,7 @@
     log.write(iteration, episodes)     # each iteration: one JSONL staging file (atomic)
     path = log.build_dataset()         # end of run: TFDS dataset <dir>/tfds/empo2_episodes/1.0.0
     source = load(path)                # random access: source[i], len(source); no TensorFlow
+                                       # (local or gs://: read through a temporary local copy)
     record = decode(source[i])         # plain python values, the same dict `episode_record` made
 
 One example per episode (key `it<iteration>-<rollout>`; TFDS stores examples in the order of a hash
@@ -28,7 +29,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
+import weakref
 from typing import Callable, Iterable, Optional
 
 import numpy as np
@@ -194,8 +197,34 @@ def write_dataset(records: Callable[[], Iterable[dict]], data_dir) -> epath.Path
 
 
 def load(path, split: str = "train"):
-  """Random-access source of a written dataset (the version directory write_dataset returned)."""
-  return tfds.builder_from_directory(str(path)).as_data_source()[split]
+  """Random-access source of a written dataset (the version directory write_dataset returned).
+
+  A remote version directory (gs://) is first copied, file by file in chunks, into a local
+  temporary directory that lives as long as the returned source (removed when it is garbage
+  collected, or at exit): the array_record reader opens its files itself, and on gs:// it would
+  not read them (it blocks), although TFDS's metadata reads go through etils."""
+  if not remote.is_remote(path):
+    return tfds.builder_from_directory(str(path)).as_data_source()[split]
+  remote.check(path)
+  src = epath.Path(path)
+  if not (src / "dataset_info.json").exists():
+    raise FileNotFoundError(
+      f"no episode dataset at {path} (no dataset_info.json): pass the TFDS version directory "
+      "that write_dataset returned (<workdir>/episodes/tfds/empo2_episodes/<version>)"
+    )
+  tmp = tempfile.mkdtemp(prefix="empo2_tfds_read_")
+  try:
+    local = os.path.join(tmp, src.name)  # TFDS reads the version from the directory name
+    os.makedirs(local)
+    for f in src.iterdir():
+      if not f.is_dir():
+        remote.copy_file(f, os.path.join(local, f.name))
+    source = tfds.builder_from_directory(local).as_data_source()[split]
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  weakref.finalize(source, shutil.rmtree, tmp, True)
+  return source
 
 
 def decode(example) -> dict:
