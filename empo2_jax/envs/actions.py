@@ -11,6 +11,7 @@ words, then alphabetically, so the choice never depends on the order the simulat
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import unicodedata
 from typing import Sequence
@@ -51,6 +52,7 @@ def normalize_action(text: str) -> str:
   return " ".join(printable_text(text).split())
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same valid actions come back step after step
 def words(text: str) -> frozenset[str]:
   """Lower-cased alphanumeric words of `text` (punctuation and underscores split words)."""
   return frozenset(w.lower() for w in _WORD_RE.findall(text))

@@ -3,11 +3,16 @@
 Speed: the library's `ScienceWorldEnv.step` asks the JVM for every valid action, the look-around and
 the inventory after each step. `SciWorldEnv.step` talks to the same Java object (`PythonInterface`)
 but only sends the action and reads score, completion and move count — the state changes and the
-numbers are the library's.
+numbers are the library's. Where it needs the valid actions (`valid_actions`), it reads the Java
+list in a few round trips instead of one per action (envs/sciworld_jvm.py:ScienceWorldJvm.strings).
+Each call asks the JVM anew and none is moved or saved: the simulator picks some object names
+(the unique referents of `getValidActionObjectCombinations`) with the JVM-wide
+`scala.util.Random`, which every simulator in the JVM shares and every load reseeds, so two calls
+in a row can list different names and the order of the calls shapes what later calls see.
 
 Action handling (`SciWorldConfig.action_correction`, docs/method.md §2):
   "always"    (default; the authors' code) every text is mapped to the closest valid action
-              before it is sent; the valid actions are fetched every step (~0.05-0.2 s each).
+              before it is sent; the valid actions are fetched every step (~0.05 s of JVM time).
   "on_reject" (ours) the text goes to the simulator as written; only when the parser rejects it
               are the valid actions fetched and the text mapped to the closest one
               (`actions.correct_action`, word-level Jaccard).
@@ -25,15 +30,8 @@ resume).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import numbers
-import os
-import subprocess
-from typing import Iterator
-
-from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
-from scienceworld.constants import BASEPATH, JAR_PATH
 
 from empo2_jax.envs import actions
 from empo2_jax.envs.base import (
@@ -46,6 +44,7 @@ from empo2_jax.envs.base import (
   check_split,
   check_task,
 )
+from empo2_jax.envs.sciworld_jvm import ScienceWorldJvm
 
 # The 30 tasks of ScienceWorld 1.2.3 (the simulator's own order).
 ALL_TASKS: tuple[str, ...] = (
@@ -145,77 +144,6 @@ class SciWorldConfig:
     return {"train": self.num_train_rows, "dev": self.num_dev_rows, "test": self.num_test_rows}[
       split
     ]
-
-
-@contextlib.contextmanager
-def _env_var(name: str, value: str | None) -> Iterator[None]:
-  """Sets an environment variable for the duration of the block (a child process inherits it)."""
-  old = os.environ.get(name)
-  if value is None:
-    os.environ.pop(name, None)
-  else:
-    os.environ[name] = value
-  try:
-    yield
-  finally:
-    if old is None:
-      os.environ.pop(name, None)
-    else:
-      os.environ[name] = old
-
-
-class ScienceWorldJvm:
-  """One ScienceWorld JVM behind a py4j gateway, in its own process group (Ctrl-C spares it; the
-  owner closes it). It exits by itself when its owner process dies (py4j --die-on-broken-pipe).
-
-  The gateway listens on 127.0.0.1 and requires an auth token (py4j's --enable-auth: the JVM
-  makes a random token at start and hands it to this process through its stdout pipe), so another
-  local user or process cannot drive the JVM (a py4j gateway can call any Java method, e.g. run
-  programs). The token stays inside this object's gateway."""
-
-  def __init__(self, java_tool_options: str | None = DEFAULT_JAVA_OPTIONS):
-    with _env_var("JAVA_TOOL_OPTIONS", java_tool_options):
-      port, token, proc = launch_gateway(
-        classpath=JAR_PATH,
-        die_on_exit=True,
-        cwd=BASEPATH,
-        return_proc=True,
-        create_new_process_group=True,
-        enable_auth=True,
-      )
-    self.process: subprocess.Popen = proc
-    self.port = port
-    self._gateway = JavaGateway(
-      gateway_parameters=GatewayParameters(auto_field=True, port=port, auth_token=token),
-      java_process=proc,
-    )
-    self._closed = False
-
-  @property
-  def pid(self) -> int:
-    return self.process.pid
-
-  def new_server(self):
-    """A fresh simulator instance (a Java `PythonInterface`) inside this JVM."""
-    if self._closed:
-      raise RuntimeError("This ScienceWorld JVM is closed; start a new ScienceWorldJvm.")
-    return self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
-
-  def close(self, timeout_s: float = 10.0) -> None:
-    if self._closed:
-      return
-    self._closed = True
-    with contextlib.suppress(Exception):
-      self._gateway.shutdown()
-    if self.process.poll() is None:
-      with contextlib.suppress(OSError, ValueError):  # a newline makes the gateway exit
-        self.process.stdin.write(b"\n")
-        self.process.stdin.flush()
-      try:
-        self.process.wait(timeout=timeout_s)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait()
 
 
 class SciWorldEnv:
@@ -367,8 +295,11 @@ class SciWorldEnv:
 
   # ----------------------------------------------------------------- prompt material
   def valid_actions(self) -> list[str]:
-    """Every valid action in the current state, sorted (costs ~0.05-0.2 s)."""
-    return sorted(str(a) for a in self._server.getValidActionObjectCombinations())
+    """Every valid action in the current state, sorted: the library's
+    `get_valid_action_object_combinations()` (~0.05 s of JVM time; a fresh call each time, see
+    the module docstring)."""
+    java_list = self._server.getValidActionObjectCombinations()
+    return sorted(self._jvm.strings(java_list))
 
   def action_templates(self) -> list[str]:
     """Action templates such as 'open OBJ' and 'move OBJ to OBJ'."""

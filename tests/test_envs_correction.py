@@ -1,0 +1,229 @@
+"""ScienceWorld under action_correction="always" (the default) against the raw library.
+
+The fast path (envs/sciworld_jvm.py: the valid-action list read in a few round trips instead of
+one per action) must not change a thing: the valid actions, the corrected and executed actions,
+observations and scores are compared step by step with the library's own `ScienceWorldEnv`
+driven the release's way (its `get_valid_action_object_combinations()` list each step, the text
+mapped with `actions.correct_action`, an ambiguity prompt answered with option 0), on gold and
+random-action episodes, with off-list texts.
+
+Each `getValidActionObjectCombinations` call draws from the JVM-wide random generator (object
+names, `test_valid_list_calls_draw_from_the_jvm_random`), so both sides make their calls in the
+same order: one list to compare, one to correct with, then the step.
+"""
+
+import random
+
+import pytest
+
+from empo2_jax.envs import actions, sciworld_jvm
+from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
+from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv, ScienceWorldJvm
+
+ALWAYS = SciWorldConfig(action_correction="always")
+FALLBACK = ALWAYS.fallback_action
+
+
+@pytest.fixture(scope="module")
+def jvm():
+  j = ScienceWorldJvm()
+  yield j
+  j.close()
+
+
+@pytest.fixture(scope="module")
+def lib():
+  """The library's env, its JVM with our JVM options (object order follows identity hashes)."""
+  from scienceworld import ScienceWorldEnv
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("JAVA_TOOL_OPTIONS", DEFAULT_JAVA_OPTIONS)
+    e = ScienceWorldEnv("", envStepLimit=ALWAYS.env_step_limit)
+  yield e
+  e.close()
+
+
+# ------------------------------------------------------------------ the reference loop
+def lib_reset(lib, task, variation):
+  lib.load(task, variation, ALWAYS.simplification)
+  _, info = lib.reset()
+  return info
+
+
+def lib_step(lib, raw, valid):
+  """One step of the release's loop on the raw library: `raw` mapped to the closest of `valid`
+  (the library's get_valid_action_object_combinations() of the current state), an ambiguity
+  prompt answered with option 0. Returns (executed text, observation, done, info)."""
+  text = actions.normalize_action(raw)
+  executed = actions.correct_action(text, valid, fallback=FALLBACK)
+  obs, _, done, info = lib.step(executed)
+  options = actions.parse_ambiguity_options(obs)
+  if options and actions.AMBIGUITY_ANSWER in options:
+    executed = options[actions.AMBIGUITY_ANSWER]
+    obs, _, done, info = lib.step(actions.AMBIGUITY_ANSWER)
+  return executed, obs, done, info
+
+
+def off_list(text, rng):
+  """`text` as written, or a version of it that is not a valid action (or shares no word)."""
+  words = text.split()
+  return rng.choice(
+    [
+      text,
+      text,
+      f"Please {text.upper()}!!",
+      " ".join(words[:-1]) or text,  # a word dropped
+      text.replace("o", "0", 1),  # a typo
+      " ".join(reversed(words)),
+      "xyzzy plugh",  # nothing in common: the fallback
+      "",
+    ]
+  )
+
+
+def compare_episode(env, lib, task, variation, texts, seed, random_steps=0, vary=True):
+  """Steps `env` (ours) and the library loop with the same raw texts (`vary`: some made off-list),
+  then `random_steps` random valid actions and their off-list versions; asserts every step
+  matches. Returns our results."""
+  rng = random.Random(seed)
+  env.reset(task, variation)
+  info = lib_reset(lib, task, variation)
+  texts = [off_list(t, rng) for t in texts] if vary else list(texts)
+  results, steps, done = [], 0, False
+  while not done and steps < len(texts) + random_steps:
+    # the list of this state: ours (read in pieces) and the library's (element by element)
+    ours = env.valid_actions()
+    assert ours == sorted(info["valid"]), (task, variation, steps)
+    raw = texts[steps] if steps < len(texts) else off_list(rng.choice(ours), rng)
+    result = env.step(raw)  # fetches the list again, then corrects and steps
+    lib_valid = lib.get_valid_action_object_combinations()  # the library, in the same order
+    executed, obs, lib_done, info = lib_step(lib, raw, lib_valid)
+    where = (task, variation, steps, raw)
+    assert result.info.raw_action == raw, where
+    assert result.info.executed_action == executed, where
+    assert result.info.valid == (actions.normalize_action(raw) in lib_valid), where
+    assert result.observation == obs, where
+    assert (result.info.score, result.info.moves) == (info["score"], info["moves"]), where
+    assert result.done == (lib_done or result.info.truncated), where
+    done = result.done
+    results.append(result)
+    steps += 1
+  return results
+
+
+# ------------------------------------------------------------------ reading Java lists
+@pytest.mark.parametrize(
+  "items",
+  [
+    [],
+    [""],
+    ["", ""],
+    ["look around"],
+    ["a, b", "c"],  # the separator inside an element
+    ["line\nbreak", "back\\slash", "[bracket]", "]", "["],
+    ["caf\u00e9", "\u00fcber", "\u4e2d\u6587"],
+    ["emoji \U0001f600 here", "x"],  # a surrogate pair on the Java side
+    ["x" * 9000, "y"],  # one element longer than a piece
+    [f"move item {i} to box {i % 7}" for i in range(3000)],  # many pieces
+  ],
+)
+def test_strings_reads_java_lists_exactly(jvm, items):
+  java_list = jvm._gateway.jvm.java.util.ArrayList()  # pylint: disable=protected-access
+  for item in items:
+    java_list.add(item)
+  assert jvm.strings(java_list) == [str(a) for a in java_list] == items
+
+
+def test_split_rendered():
+  assert sciworld_jvm.split_rendered("[]", 0) == []
+  assert sciworld_jvm.split_rendered("[]", 1) == [""]
+  assert sciworld_jvm.split_rendered("[a, b]", 2) == ["a", "b"]
+  assert sciworld_jvm.split_rendered("[a, b, c]", 2) is None  # "a, b" and "c": ambiguous
+  assert sciworld_jvm.split_rendered("a, b", 2) is None
+
+
+def test_strings_on_a_closed_jvm_is_a_clear_error():
+  j = ScienceWorldJvm()
+  java_list = j._gateway.jvm.java.util.ArrayList()  # pylint: disable=protected-access
+  j.close()
+  with pytest.raises(RuntimeError, match="closed"):
+    j.strings(java_list)
+
+
+# ------------------------------------------------------------------ the env against the library
+# chemistry-mix 1: "look at cup" is ambiguous once the cupboard is open (answered with option 0)
+FAST_TEXTS = [
+  "open cupboard",  # valid as written
+  "look at cup",  # valid, then an ambiguity prompt
+  "Please pour the cup with red paint into the art studio!",  # corrected
+  "xyzzy plugh",  # nothing in common: the fallback
+  "",  # the fallback
+  "teleport to kitchen",
+]
+SLOW_CASES = [
+  (task, var, seed)
+  for seed, (task, var) in enumerate(
+    [
+      ("find-plant", 1),
+      ("chemistry-mix", 0),
+      ("find-animal", 2),
+      ("use-thermometer", 0),
+      ("lifespan-longest-lived", 1),
+      ("find-non-living-thing", 0),
+      ("measure-melting-point-known-substance", 0),
+    ]
+  )
+]
+
+
+def run_cases(jvm, lib, cases, gold_steps, random_steps):
+  """Our results over gold-text and random-action episodes of `cases`, each checked."""
+  env = SciWorldEnv(ALWAYS, jvm=jvm)
+  out = []
+  for task, var, seed in cases:
+    gold = env.gold_actions(task, var)[:gold_steps]
+    out += compare_episode(env, lib, task, var, gold, seed)  # gold texts, some off-list
+    out += compare_episode(env, lib, task, var, [], seed + 100, random_steps)  # random actions
+  return out
+
+
+def check_coverage(results, steps):
+  """Enough steps, and texts both on the list and off it (corrected, or the fallback)."""
+  assert len(results) >= steps
+  assert any(r.info.valid for r in results)
+  assert any(not r.info.valid and r.info.executed_action != FALLBACK for r in results)
+  assert any(not r.info.valid and r.info.executed_action == FALLBACK for r in results)
+
+
+def test_always_matches_the_library_loop(jvm, lib):
+  """Valid actions, corrected/executed actions, observations and scores step by step."""
+  env = SciWorldEnv(ALWAYS, jvm=jvm)
+  results = compare_episode(env, lib, "chemistry-mix", 1, FAST_TEXTS, 1, 2, vary=False)
+  check_coverage(results, steps=8)
+  assert results[1].info.executed_action != "look at cup"  # option 0's text
+
+
+@pytest.mark.slow
+def test_always_matches_the_library_loop_more_tasks(jvm, lib):
+  check_coverage(run_cases(jvm, lib, SLOW_CASES, gold_steps=40, random_steps=25), steps=120)
+
+
+def test_valid_list_calls_draw_from_the_jvm_random(jvm, lib):
+  """Why the env asks the JVM anew every time (and the step above keeps the call order): two
+  calls in a row on the same state can name objects differently; after a reset (a reseed) the
+  sequence repeats, in our JVM as in the library's."""
+  task, var, action = (
+    "chemistry-mix",
+    1,
+    "pour cup containing red paint in art studio into art studio",
+  )
+  env = SciWorldEnv(ALWAYS, jvm=jvm)
+  runs = []
+  for _ in range(2):
+    env.reset(task, var)
+    env.step(action)
+    runs.append((env.valid_actions(), env.valid_actions()))
+  assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
+  lib_reset(lib, task, var)
+  _, _, _, info = lib.step(action)
+  assert (sorted(info["valid"]), sorted(lib.get_valid_action_object_combinations())) == runs[0]
