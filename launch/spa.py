@@ -24,10 +24,10 @@ Stage C  RL in <workdir> as launch/train.py runs it (metrics.jsonl, checkpoints,
 
 Rerunning the command continues: stage A is skipped when its files exist, stage B when spa/sft/hf
 exists (else it resumes from its checkpoints), stage C resumes from <workdir>/checkpoints. One run
-per workdir (<workdir>/.lock).
+per workdir (<workdir>/.lock). The workdir may be gs:// (as for launch/train.py; needs gcsfs): every
+stage's files go there, nothing is written locally but temporary copies.
 """
 
-import os
 import sys
 import warnings
 
@@ -41,7 +41,9 @@ from empo2_jax import cli  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "config file (path[:arg])", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", "runs/spa", "RL here; stages A, B in <workdir>/spa")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", "runs/spa", "RL here; stages A, B in <workdir>/spa (local or gs://)"
+)
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "disable the progress bar")
 
 
@@ -49,6 +51,7 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+  from empo2_jax import remote
   from empo2_jax.train import build, methods, workdir_lock
 
   c = _CONFIG.value
@@ -62,7 +65,7 @@ def main(argv):
     build.check_config(c)
   except build.ConfigError as e:
     cli.fail(e)  # one line, exit 2
-  workdir = os.path.abspath(_WORKDIR.value)
+  workdir = remote.absolute(_WORKDIR.value).rstrip("/")  # gs:// kept as it is
   try:
     lock = workdir_lock.WorkdirLock(workdir).acquire()
   except workdir_lock.WorkdirBusy as e:
@@ -70,7 +73,7 @@ def main(argv):
   with lock:
     from empo2_jax.explore.spa_run import stages_ab
 
-    hf_dir = stages_ab(c, os.path.join(workdir, "spa"))
+    hf_dir = stages_ab(c, f"{workdir}/spa")
     rl = c.copy_and_resolve_references()
     rl.model.checkpoint, rl.model.random_init, rl.model.tokenizer = hf_dir, False, ""
     _rl(rl, workdir)
@@ -104,5 +107,13 @@ def _rl(c, workdir: str) -> None:
     )
 
 
+def _check_workdir(flag_values) -> None:
+  """gs:// without gcsfs or credentials: one line before anything starts (data/storage.py)."""
+  from empo2_jax.data.storage import check_gcs_access
+
+  check_gcs_access(flag_values.workdir, "--workdir")
+
+
 if __name__ == "__main__":
-  cli.run(main)  # one-line errors for config, checkpoint and path mistakes (exit 2)
+  # one-line errors for config, checkpoint and path mistakes (exit 2)
+  cli.run(main, checks=(_check_workdir,))

@@ -231,7 +231,7 @@ def test_retrospex_trains_from_gcs_episodes_into_a_gcs_workdir(gcs, tmp_path):
   assert "no Retrospex critic in gs://" in bad.stderr and "launch/retrospex.py train" in bad.stderr
 
 
-@pytest.mark.slow  # minutes: stage B's SFT and stage C's RL (tiny model, FrozenLake) on gs://
+@pytest.mark.slow  # ~3 min on 2 busy cores: two launch/spa.py runs (SFT, RL) on gs://
 def test_launch_spa_runs_its_stages_in_a_gcs_workdir(gcs, tmp_path):
   """tests/test_explore_spa_launch.py's run with the workdir on gs://: stage A's files given
   there, stage B's SFT policy exported there, stage C's metrics there; a rerun finds them."""

@@ -3,12 +3,16 @@ the world-model format with the current policy, conversion into SFT chats with t
 the seeded split, SFT (train/sft_loop.py) and the validation NLL before and after.
 
     hf_dir = stages_ab(config, "<workdir>/spa")    # the SFT policy as a Hugging Face directory
+
+spa_dir may be gs://: its files go through etils.epath, the SFT through train/sft_loop.py (which
+writes gs:// too) and the stage's Trainer like a training workdir.
 """
 
 import json
 import math
-import os
 import sys
+
+from etils import epath
 
 
 def collect(trainer, c) -> list:
@@ -72,18 +76,18 @@ def stages_ab(c, spa_dir: str) -> str:
   from empo2_jax.train.trainer import Trainer
   from empo2_jax.train.sft_loop import run_sft
 
-  hf_dir = os.path.join(spa_dir, "sft", "hf")
-  if os.path.exists(os.path.join(hf_dir, "config.json")):
+  spa_dir = str(spa_dir).rstrip("/")
+  hf_dir = f"{spa_dir}/sft/hf"
+  if (epath.Path(hf_dir) / "config.json").exists():
     print(f"spa: SFT policy found in {hf_dir}; stages A and B skipped", flush=True)
     return hf_dir
   trainer = Trainer(c, spa_dir, progress=False)
   try:
-    paths = [os.path.join(spa_dir, f"wm_{s}.jsonl") for s in ("train", "val")]
-    info_path = os.path.join(spa_dir, "collect.json")
-    if all(os.path.exists(p) for p in paths + [info_path]):
-      train, val = ([json.loads(x) for x in open(p) if x.strip()] for p in paths)
-      with open(info_path) as f:
-        info = json.load(f)
+    paths = [epath.Path(spa_dir) / f"wm_{s}.jsonl" for s in ("train", "val")]
+    info_path = epath.Path(spa_dir) / "collect.json"
+    if all(p.exists() for p in paths + [info_path]):
+      train, val = ([json.loads(x) for x in p.read_text().splitlines() if x.strip()] for p in paths)
+      info = json.loads(info_path.read_text())
     else:
       episodes = collect(trainer, c)
       chats = to_chats(episodes)
@@ -100,9 +104,9 @@ def stages_ab(c, spa_dir: str) -> str:
         "train_chats": len(train),
         "val_chats": len(val),
       }
+      info_path.parent.mkdir(parents=True, exist_ok=True)
       for p, data in zip(paths, (train, val)):
-        with open(p, "w") as f:
-          f.writelines(json.dumps(x) + "\n" for x in data)
+        p.write_text("".join(json.dumps(x) + "\n" for x in data))
     if not train:
       sys.exit("error: SPA collected no episode to train on; raise spa.collect_iterations")
     info["val_loss_before"] = val_loss(trainer, c, val)
@@ -117,8 +121,7 @@ def stages_ab(c, spa_dir: str) -> str:
     info["val_loss_after"] = val_loss(trainer, c, val)
     info["sft_steps"] = int(sft_c.sft.steps)
     info["sft_loss_first"], info["sft_loss_last"] = summary["loss_first"], summary["loss_last"]
-    with open(info_path, "w") as f:
-      json.dump(info, f, indent=1)
+    info_path.write_text(json.dumps(info, indent=1))
     print(
       "spa data "
       + " ".join(
