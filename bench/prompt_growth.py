@@ -39,7 +39,8 @@ import random
 import statistics
 
 from _common import REPO, parser, result
-from empo2_jax.agent.prompts import INSTRUCTION, first_user_message, step_user_message, tip_block
+from empo2_jax.envs.sciworld_prompts import INSTRUCTION, first_user_message, step_user_message
+from empo2_jax.tips import tip_block
 from empo2_jax.envs import sciworld_suite
 from empo2_jax.envs.scienceworld import SciWorldConfig
 from empo2_jax.memory.reflect import clean_tip, memory_text

@@ -4,7 +4,8 @@ retrieval for unseen variations."""
 import numpy as np
 import pytest
 
-from empo2_jax.agent import prompts
+from empo2_jax import tips
+from empo2_jax.envs import sciworld_prompts as prompts
 from empo2_jax.agent.actor import Actor, ActorSettings, Episode, Memory
 from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
@@ -120,7 +121,7 @@ def test_chat_key_first_step_uses_the_tip_free_first_message(encoder):
   ep = Episode(TASK, 1, 0, 0, "on", True)
   key = actor.key_text(ep, "You are in the kitchen.")
   assert key == "user: " + prompts.first_user_message(_material(), "You are in the kitchen.")
-  assert prompts.TIP_OPEN not in key
+  assert tips.TIP_OPEN not in key
 
 
 def test_actor_settings_reject_unknown_key_switches():

@@ -35,7 +35,7 @@ def test_reflect_with_the_rule_reflector_samples_nothing_and_writes_the_rule_tip
   a = object.__new__(actor_lib.Actor)
   a.settings = ActorSettings(reflector="rule", memory_key="step")
   a.tok, a.memory = _FakeTok(), types.SimpleNamespace(store=None, encoder=None)
-  a.prompts = actor_lib.prompts.SCIENCEWORLD
+  a.prompts = actor_lib.SCIENCEWORLD
   a.sample = lambda *args, **kw: pytest.fail("the rule reflector sampled")
   e = Episode("find-animal", 0, 0, 0, "on", False)
   e.executed, e.step_keys, e.score = ["focus on cat"], ["k0"], 50.0

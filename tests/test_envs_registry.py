@@ -7,6 +7,7 @@ import pytest
 
 from configs import sciworld
 from empo2_jax.agent import prompts
+from empo2_jax.envs.sciworld_prompts import SCIENCEWORLD
 from empo2_jax.envs import pool as pool_lib
 from empo2_jax.envs import registry
 from empo2_jax.envs.base import WorkerFactory
@@ -41,7 +42,7 @@ def test_scienceworld_entry():
 
   suite = registry.get_suite("scienceworld")
   assert suite is registry.get_suite("scienceworld")
-  assert suite.tasks == ALL_TASKS and suite.prompts is prompts.SCIENCEWORLD
+  assert suite.tasks == ALL_TASKS and suite.prompts is SCIENCEWORLD
   # one definition of the JVM options: the config's, the pool's and ScienceWorld's default
   assert defaults.get_config().env.java_tool_options == DEFAULT_JAVA_OPTIONS
   assert pool_lib.PoolConfig().java_tool_options == DEFAULT_JAVA_OPTIONS

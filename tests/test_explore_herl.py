@@ -9,7 +9,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.envs.goal_progress import parse_goal_progress
+from empo2_jax.text import parse_goal_progress
 from empo2_jax.explore import herl
 from empo2_jax.rl.losses import policy_loss, shaped_ratio
 from tests.rl_settings import batch_config, loss_config

@@ -13,7 +13,7 @@ import pytest
 import jax
 
 from configs import sciworld
-from empo2_jax.agent import prompts
+from empo2_jax import tips
 from empo2_jax.agent.actor import Memory, Rollout
 from empo2_jax.agent.memory import chat_key
 from empo2_jax.baselines import adapt as adapt_lib
@@ -97,7 +97,7 @@ def test_an_explicit_mask_override_wins_over_the_method():
 # --- reflection chat -----------------------------------------------------------------------------
 
 _CHAT = [
-  {"role": "user", "content": "Observation: hall.\n\n" + prompts.tip_block(["go north"]) + "Act."},
+  {"role": "user", "content": "Observation: hall.\n\n" + tips.tip_block(["go north"]) + "Act."},
   {"role": "assistant", "content": "go to kitchen"},
   {"role": "user", "content": "Observation: kitchen.\n\nAct."},
   {"role": "assistant", "content": "open fridge"},

@@ -8,7 +8,7 @@ from gymnasium.envs.toy_text import frozen_lake as gym_fl
 from empo2_jax.envs import frozenlake as fl
 from empo2_jax.envs import puzzles, registry
 from empo2_jax.envs.pool import EnvPool, PoolConfig
-from empo2_jax.rl.batch import strip_tips
+from empo2_jax.tips import strip_tips
 
 DET = fl.FrozenLakeConfig(slippery=False, max_actions=100, max_turns=100)
 SLIP = fl.FrozenLakeConfig(slippery=True, max_actions=100, max_turns=100)

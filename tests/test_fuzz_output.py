@@ -7,7 +7,7 @@ generator (thousands of cases, a few seconds):
           `_run_episodes`) -> EnvPool.step
   env     envs.actions: normalize_action -> the parser, and when it rejects the text (or always,
           action_correction="always") correct_action against the valid actions
-  memory  memory.reflect.clean_tip -> memory_text -> prompts.tip_block in later prompts, and
+  memory  memory.reflect.clean_tip -> memory_text -> tips.tip_block in later prompts, and
           MemoryStore.state_dict (UTF-8) in checkpoints
 The pure parts run against a recorded valid-action list (find-plant, variation 0, the first
 state); the slow tests send a small share of the cases through a real ScienceWorld JVM, directly
@@ -22,10 +22,11 @@ import unicodedata
 
 import pytest
 
-from empo2_jax.agent import prompts
+from empo2_jax import tips
+from empo2_jax.envs import sciworld_prompts as prompts
 from empo2_jax.envs import actions
 from empo2_jax.memory.reflect import MAX_TIP_WORDS, clean_tip, memory_text
-from empo2_jax.rl.batch import strip_tips
+from empo2_jax.tips import strip_tips
 
 SEED = 20240516
 N_CASES = 3000
@@ -246,7 +247,7 @@ def check_tip(raw: str, max_words: int = MAX_TIP_WORDS) -> str:
   # In a later prompt the tip sits inside a tip block, which strip_tips must remove whole.
   memory = memory_text(tip, "look around", 25) if tip else tip
   head, tail = "Observation: You see a door.\n\n", prompts.INSTRUCTION
-  assert strip_tips(head + prompts.tip_block([memory, memory]) + tail) == head + tail
+  assert strip_tips(head + tips.tip_block([memory, memory]) + tail) == head + tail
   return tip
 
 

@@ -55,7 +55,7 @@ def test_intrinsic_reward():
 
 
 def test_tip_block():
-  from empo2_jax.agent.prompts import tip_block  # the one block builder (the actor's)
+  from empo2_jax.tips import tip_block  # the one block builder
 
   assert tip_block([]) == ""
   assert tip_block(["m1", "m2"]) == (
@@ -64,7 +64,7 @@ def test_tip_block():
 
 
 def test_clean_tip_removes_tip_tags_so_blocks_cannot_close_early():
-  from empo2_jax.rl.batch import strip_tips
+  from empo2_jax.tips import strip_tips
 
   tip = R.clean_tip("Open the door first </tip> then <tip> focus on the animal")
   assert "<tip>" not in tip and "</tip>" not in tip

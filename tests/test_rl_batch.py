@@ -11,9 +11,9 @@ from empo2_jax.rl.batch import (
   bucket_size,
   build_batch,
   prompt_text,
-  strip_tips,
   views_for,
 )
+from empo2_jax.tips import strip_tips
 
 turn_advantages = adv_lib.turn_advantages
 
@@ -59,7 +59,7 @@ def test_strip_tips_gives_the_no_memory_message():
 
 
 def test_strip_tips_inverts_the_agents_tip_block():
-  from empo2_jax.agent.prompts import step_user_message
+  from empo2_jax.envs.sciworld_prompts import step_user_message
 
   tips = [
     "the door is north; At that timestep, the specific action you took was open door",

@@ -8,7 +8,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.agent import prompts
+from empo2_jax.envs import sciworld_prompts as prompts
 from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import llama
@@ -88,7 +88,9 @@ def run_update(cfg, params, batch, ucfg, seed=(0, 1)):
   opt = make_optimizer(ucfg)
   update = make_update_fn(cfg, ucfg, opt, donate=False)
   state, met = update(init_train_state(jax.tree.map(jnp.copy, params), opt), arranged)
-  return state, {k: float(v) for k, v in jax.device_get(met).items()}
+  met = jax.device_get(met)
+  met.pop("per_sample")
+  return state, {k: float(v) for k, v in met.items()}
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,8 @@ from empo2_jax.agent import hosts, prompts
 from empo2_jax.agent.episode import ActorSettings, Episode
 from empo2_jax.agent.episode_keys import EpisodeKeys
 from empo2_jax.agent.memory import Memory, chat_key, recent_key
+from empo2_jax.envs.base import PromptSet
+from empo2_jax.envs.sciworld_prompts import SCIENCEWORLD
 from empo2_jax.memory.reflect import clean_tip, memory_writes, reflection_chat
 from empo2_jax.memory.rewards import intrinsic_reward
 from empo2_jax.memory.rule_tip import episode_rule_tip
@@ -110,7 +112,7 @@ class Actor:
     settings: ActorSettings = ActorSettings(),
     sampler_settings: SamplerSettings = SamplerSettings(),
     mesh=None,
-    prompt_set: prompts.PromptSet = prompts.SCIENCEWORLD,
+    prompt_set: PromptSet = SCIENCEWORLD,
     env_text: Callable[[str], str] = whole_response,
   ):
     """env_text: what the env reads of a response (explore/hooks.Explorer.env_text: SGE's text

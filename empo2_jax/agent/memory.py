@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from empo2_jax.rl.batch import strip_tips_messages
+from empo2_jax.tips import strip_tips_messages
 
 
 class Memory:

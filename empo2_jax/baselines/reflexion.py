@@ -96,7 +96,7 @@ def reflection_messages(
 
 def clean_reflection(raw: str, max_words: int = 120) -> str:
   """Printable text, chat markup removed, whitespace collapsed, at most max_words words."""
-  from empo2_jax.envs.actions import printable_text
+  from empo2_jax.text import printable_text
 
   text = " ".join(printable_text(line) for line in str(raw).splitlines())
   for tag in ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<tip>", "</tip>"):

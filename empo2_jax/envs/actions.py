@@ -13,8 +13,9 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-import unicodedata
 from typing import Sequence
+
+from empo2_jax.text import printable_text
 
 # Messages the ScienceWorld parser answers with when it cannot use the input (no move is spent).
 PARSER_REJECTION = "No known action matches that input."
@@ -29,21 +30,6 @@ AMBIGUITY_ANSWER = "0"
 
 _WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
 _OPTION_RE = re.compile(r"^\s*(\d+):\s*(.+?)\s*$")
-
-
-def printable_text(text: str) -> str:
-  """`text` without what cannot or should not reach the simulator: control characters (NUL, ESC,
-  ...) become spaces; format characters (zero-width joiners, bidi marks), lone surrogates (which
-  the JVM bridge cannot encode: the call fails and the worker dies), private-use and unassigned
-  code points are dropped. Everything else, whitespace included, is kept."""
-  text = str(text)
-  if text.isprintable():  # no control, format, surrogate, private or unassigned code point
-    return text
-  return "".join(
-    " " if cat == "Cc" else ch
-    for ch, cat in ((ch, unicodedata.category(ch)) for ch in text)
-    if cat == "Cc" or cat[0] != "C"
-  )
 
 
 def normalize_action(text: str) -> str:

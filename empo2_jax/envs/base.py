@@ -12,7 +12,8 @@ process boundaries (the pool sends them between processes).
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Literal, NamedTuple, Optional, Protocol, Sequence
+from typing import runtime_checkable
 
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
@@ -129,3 +130,15 @@ class WorkerFactory(Protocol):
   def max_steps(self, task: str) -> int: ...
 
   def start(self) -> WorkerHost: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+  """An environment's messages. first(material, observation, tips) opens the episode (material:
+  what the env's registry entry built for (task, variation); it must have `task_description`,
+  which the memory keys use); step(observation, tips) follows each action; score_out_of is the
+  score's maximum shown in tips and memories ("score 40/100"), None for a return without one."""
+
+  first_user_message: Callable[[Any, str, Sequence[str]], str]
+  step_user_message: Callable[[str, Sequence[str]], str]
+  score_out_of: Optional[float] = 100

@@ -33,9 +33,10 @@ import dataclasses
 import re
 from typing import Callable, Hashable, Iterable, Sequence
 
-from empo2_jax.agent import prompts
+from empo2_jax.envs.base import PromptSet
+from empo2_jax.tips import tip_block
 from empo2_jax.envs import registry
-from empo2_jax.envs.actions import printable_text
+from empo2_jax.text import printable_text
 from empo2_jax.envs.base import ResetInfo, ResetResult, Split, StepInfo, StepResult, check_split
 from empo2_jax.envs.fewshot import GoldTrajectory, format_trajectory
 
@@ -395,15 +396,15 @@ def first_user_message(material: PuzzleMaterial, observation: str, tips: Sequenc
   for i, traj in enumerate(material.few_shot):
     parts.append(f"Example {i + 1} (a solved puzzle, another map):\n{format_trajectory(traj)}")
   parts.append(f"State:\n{observation.strip()}")
-  return "\n\n".join(parts) + "\n\n" + prompts.tip_block(tips) + CLOSING
+  return "\n\n".join(parts) + "\n\n" + tip_block(tips) + CLOSING
 
 
 def step_user_message(observation: str, tips: Sequence[str] = ()) -> str:
-  return f"State:\n{observation.strip()}\n\n" + prompts.tip_block(tips) + CLOSING
+  return f"State:\n{observation.strip()}\n\n" + tip_block(tips) + CLOSING
 
 
 # The return has no fixed maximum (Sokoban: -0.1 a step, +1/-1 box on/off target, +10 solved).
-PROMPTS = prompts.PromptSet(first_user_message, step_user_message, score_out_of=None)
+PROMPTS = PromptSet(first_user_message, step_user_message, score_out_of=None)
 
 
 def env_fields(c, *names: str) -> dict:

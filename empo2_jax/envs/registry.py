@@ -21,7 +21,7 @@ What an EnvSuite holds:
   materials     (local env, task, variations, n_few_shot) -> {(task, variation): material}, the
                 material being whatever `prompts.first_user_message` reads; it must have a
                 `task_description` (the memory keys start with it)
-  prompts       an `agent.prompts.PromptSet`: first/step user messages (use `prompts.tip_block`
+  prompts       an `envs.base.PromptSet`: first/step user messages (use `tips.tip_block`
                 for tips, so the memory and the tip-free batch views work unchanged) and the
                 score's maximum shown in tips ("40/100"; None for a return without one)
   check_config  config -> None, raises ValueError naming the valid values of a bad env.* field
@@ -71,7 +71,7 @@ class EnvSuite:
   worker: Callable[[Any], Any]
   local_env: Callable[[Any], Any]
   materials: Callable[[Any, str, Sequence[int], int], dict]
-  prompts: Any  # agent.prompts.PromptSet
+  prompts: Any  # envs.base.PromptSet
   check_config: Callable[[Any], None] = _no_check
 
   def __post_init__(self):

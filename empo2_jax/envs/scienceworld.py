@@ -204,8 +204,10 @@ class SciWorldEnv:
     self._check_variation(task, variation)
     variation = int(variation)
     server = self._server
+    # The library's load + reset builds the world twice: reset() is load() again with the same
+    # arguments, and each load reseeds the JVM's generator and rebuilds the world from nothing;
+    # one load gives the same world (tests/test_envs_correction.py) in half the time.
     server.load(task, variation, self.config.simplification, False)
-    server.reset()
     observation = str(server.step("look around"))  # the library's reset does the same
     self._task, self._variation = task, variation
     # Rewards are measured from 0, not from the score after the opening look-around, so the

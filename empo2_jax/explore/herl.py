@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from empo2_jax.envs.goal_progress import parse_goal_progress
+from empo2_jax.text import parse_goal_progress
 from empo2_jax.explore import sections
 
 

@@ -20,8 +20,8 @@ import dataclasses
 import re
 from typing import Sequence
 
-from empo2_jax.envs.actions import printable_text
-from empo2_jax.rl.batch import strip_tips_messages
+from empo2_jax.text import printable_text
+from empo2_jax.tips import strip_tips_messages
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -87,7 +87,7 @@ def clean_tip(raw: str, max_words: int = MAX_TIP_WORDS) -> str:
   """One line, no chat markup or tip tags, at most `max_words` words; "" when nothing usable is
   left.
 
-  Tip tags are removed so a stored tip can never close a tip block early (rl.batch.strip_tips).
+  Tip tags are removed so a stored tip can never close a tip block early (tips.strip_tips).
   """
   # Printable text first, line by line (control characters include the line breaks): a stored
   # tip must encode as UTF-8 (checkpoints), and an invisible character inside a tag ("<ti\u200bp>")

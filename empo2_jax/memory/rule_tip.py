@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from empo2_jax.envs.goal_progress import parse_goal_progress
+from empo2_jax.text import parse_goal_progress
 from empo2_jax.memory.reflect import format_score
 
 REFLECTORS = ("policy", "rule")  # empo2.reflector: the policy writes its tip, or rule_tip does

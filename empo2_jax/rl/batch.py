@@ -39,19 +39,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
 from empo2_jax.model.chat import chat_text
 from empo2_jax.rl.packing import pack_views
+from empo2_jax.tips import TIP_BLOCK_RE, strip_tips_messages
 
 MODES = ("on", "on_tips", "off")
 RATIO_VARIANTS = ("paper", "release")
 PROMPT_LEN_CHECKS = ("both", "tip_free")
-# A tip block and the single newline after it (agent/prompts.tip_block ends blocks with "\n").
-TIP_BLOCK_RE = re.compile(r"<tip>.*?</tip>\n?", re.DOTALL)
 
 
 @dataclasses.dataclass
@@ -107,14 +105,6 @@ class BatchConfig:
       )
     if self.bucket_growth <= 1.0:
       raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
-
-
-def strip_tips(text: str) -> str:
-  return TIP_BLOCK_RE.sub("", text)
-
-
-def strip_tips_messages(messages):
-  return [dict(m, content=strip_tips(m["content"])) for m in messages]
 
 
 def prompt_text(tokenizer, messages) -> str:

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 from etils import epath
 
 from empo2_jax.model import llama
-from empo2_jax.rl.batch import BatchConfig, Turn, build_packed_batch, strip_tips
+from empo2_jax.rl.batch import BatchConfig, Turn, build_packed_batch
+from empo2_jax.tips import strip_tips
 
 PROBE_SETS = ("success", "failed")
 

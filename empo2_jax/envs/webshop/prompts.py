@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from empo2_jax.agent import prompts
+from empo2_jax.envs.base import PromptSet
+from empo2_jax.tips import tip_block
 from empo2_jax.envs.webshop.pages import SEP
 
 SEARCH_ACTION = "search[<your query>]"
@@ -67,12 +68,12 @@ def first_user_message(material: WebShopMaterial, observation: str, tips: Sequen
     "or presses a button. Choose the options the task asks for, then click[buy now].",
     f"Your current observation is: {observation.strip()}",
   ]
-  return "\n\n".join(parts) + "\n\n" + prompts.tip_block(tips) + CLOSING
+  return "\n\n".join(parts) + "\n\n" + tip_block(tips) + CLOSING
 
 
 def step_user_message(observation: str, tips: Sequence[str] = ()) -> str:
-  return f"Observation: {observation.strip()}\n\n" + prompts.tip_block(tips) + CLOSING
+  return f"Observation: {observation.strip()}\n\n" + tip_block(tips) + CLOSING
 
 
 # The return is the Table 2 score (100 x the purchase reward) with the default reward_mode.
-PROMPTS = prompts.PromptSet(first_user_message, step_user_message, score_out_of=100)
+PROMPTS = PromptSet(first_user_message, step_user_message, score_out_of=100)
