@@ -71,7 +71,7 @@ def main(argv):
   except workdir_lock.WorkdirBusy as e:
     sys.exit(f"error: {e}")
   with lock:
-    from empo2_jax.explore.spa_run import stages_ab
+    from empo2_jax.train.spa_run import stages_ab
 
     hf_dir = stages_ab(c, f"{workdir}/spa")
     rl = c.copy_and_resolve_references()

@@ -23,7 +23,8 @@ def _local_env(c):
 
 @pytest.mark.slow
 def test_stage_a_episodes_hold_the_true_states(tmp_path):
-  from empo2_jax.explore import spa, spa_run
+  from empo2_jax.explore import spa
+  from empo2_jax.train import spa_run
   from empo2_jax.train.trainer import Trainer
 
   c = frozenlake.get_config("tiny")

@@ -24,6 +24,25 @@ TOPS = ("empo2_jax", "launch", "configs")
 # Layers: a module under LOWER must not import one under UPPER.
 LOWER = tuple(f"empo2_jax.{p}" for p in ("rl", "sampling", "model", "memory", "envs"))
 UPPER = tuple(f"empo2_jax.{p}" for p in ("explore", "baselines", "train"))
+# Every package and top-level module of empo2_jax (and launch/, configs/), floor by floor from the
+# bottom: a unit imports only units on LOWER floors (and itself). A new package must be placed
+# here; an import that runs sideways or back up fails with its file and line.
+FLOORS = (
+  ("errors", "text", "tips"),  # leaves
+  ("remote",),
+  ("parallel",),  # primitives: mesh, sharding rules
+  ("model", "data"),
+  ("rl", "sampling"),
+  ("memory", "envs"),
+  ("agent", "programs"),
+  ("explore",),
+  ("defaults",),
+  ("preflight", "train"),
+  ("baselines",),
+  ("cli",),
+  ("configs", "launch"),
+)
+FLOOR = {unit: i for i, units in enumerate(FLOORS) for unit in units}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -262,3 +281,52 @@ def test_lower_layers_do_not_import_explore_baselines_or_train():
 def test_no_module_uses_another_modules_private_names():
   problems = [f"  {p}" for m in sorted(SCAN) for p in SCAN[m].private]
   assert not problems, "uses of another module's _private names:\n" + "\n".join(problems)
+
+
+def _unit(module: str) -> str:
+  """empo2_jax.<package or top-level module>, or the top folder (launch, configs)."""
+  parts = module.split(".")
+  return parts[1] if parts[0] == "empo2_jax" and len(parts) > 1 else parts[0]
+
+
+def test_every_package_is_on_a_floor():
+  units = {_unit(m) for m in MODULES} - {"empo2_jax"}  # the package's own __init__
+  missing = sorted(units - set(FLOOR))
+  assert not missing, f"place these in tests/test_layering.py FLOORS: {missing}"
+
+
+def _sideways_or_up(graph) -> list[tuple[str, str]]:
+  """(importer, imported) pairs of `graph` across units whose target's floor is not lower."""
+  return [
+    (src, dst)
+    for src in sorted(graph)
+    if _unit(src) in FLOOR
+    for dst in graph[src]
+    if _unit(dst) in FLOOR and _unit(dst) != _unit(src) and FLOOR[_unit(dst)] >= FLOOR[_unit(src)]
+  ]
+
+
+def test_no_import_runs_sideways_or_back_up():
+  """Folder level, every package: an import goes to a lower floor or stays in its own unit."""
+  problems = [
+    f"  {a} -> {b}  ({_line(a, b)}): floor {FLOOR[_unit(a)]} -> {FLOOR[_unit(b)]}"
+    for a, b in _sideways_or_up(GRAPH)
+  ]
+  assert not problems, "imports that run sideways or back up:\n" + "\n".join(problems)
+
+
+def test_the_floor_check_fails_on_arrows_back_up_and_sideways():
+  """The arrows issue 42 removed (envs -> agent, memory -> envs, parallel -> rl) are caught, and
+  so is a sideways import between units of one floor; downward and in-unit imports are not."""
+  graph = {
+    "empo2_jax.envs.sciworld_suite": ["empo2_jax.agent.prompts", "empo2_jax.tips"],
+    "empo2_jax.memory.reflect": ["empo2_jax.envs.actions", "empo2_jax.memory.store"],
+    "empo2_jax.parallel.train_lm": ["empo2_jax.rl.update"],
+    "empo2_jax.rl.batch": ["empo2_jax.sampling.session", "empo2_jax.model.llama"],
+  }
+  assert _sideways_or_up(graph) == [
+    ("empo2_jax.envs.sciworld_suite", "empo2_jax.agent.prompts"),
+    ("empo2_jax.memory.reflect", "empo2_jax.envs.actions"),
+    ("empo2_jax.parallel.train_lm", "empo2_jax.rl.update"),
+    ("empo2_jax.rl.batch", "empo2_jax.sampling.session"),
+  ]

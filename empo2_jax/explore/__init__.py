@@ -6,7 +6,7 @@
   herl.py  hindsight experience: guidance from the best failed episode's unmet goals, the guided
            re-rollout injected into its group, the bonus and the HE token weight
   spa.py   self-play world-model SFT data (<observation>/<prediction> with the true states), Pass@k;
-           spa_run.py runs its collection and SFT stages (launch/spa.py)
+           train/spa_run.py runs its collection and SFT stages (launch/spa.py)
   config.py  the config sections (rnd, sge, herl, spa), their checks, the methods' settings
   sections.py  the sections' default values (a leaf: config.py and the methods' dataclasses)
 
