@@ -15,6 +15,24 @@ from empo2_jax.train import methods
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def spa_command(workdir) -> list[str]:
+  """launch/spa.py on FrozenLake tiny, one SFT epoch and one RL iteration (also test_gcs_launch)."""
+  return [
+    sys.executable,
+    os.path.join(ROOT, "launch", "spa.py"),
+    "--config=" + os.path.join(ROOT, "configs", "frozenlake.py") + ":tiny",
+    f"--workdir={workdir}",
+    "--config.spa.sft_epochs=1",
+    "--config.spa.extra_new_tokens=8",
+    "--config.sft.batch_rows=2",
+    "--config.sft.lr=1e-3",
+    "--config.train.iterations=1",
+    "--config.train.eval_at_end=True",
+    "--config.train.eval_repeats=2",
+    "--no_progress",
+  ]
+
+
 def _local_env(c):
   from empo2_jax.envs import frozenlake as fl
 
@@ -80,20 +98,7 @@ def test_launch_spa_sft_then_rl_with_pass_at_k(tmp_path):
   for name, part in (("train", chats[:2]), ("val", chats[2:])):
     (spa_dir / f"wm_{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in part))
   (spa_dir / "collect.json").write_text(json.dumps({"episodes": 3}))
-  cmd = [
-    sys.executable,
-    os.path.join(ROOT, "launch", "spa.py"),
-    "--config=" + os.path.join(ROOT, "configs", "frozenlake.py") + ":tiny",
-    f"--workdir={tmp_path / 'run'}",
-    "--config.spa.sft_epochs=1",
-    "--config.spa.extra_new_tokens=8",
-    "--config.sft.batch_rows=2",
-    "--config.sft.lr=1e-3",
-    "--config.train.iterations=1",
-    "--config.train.eval_at_end=True",
-    "--config.train.eval_repeats=2",
-    "--no_progress",
-  ]
+  cmd = spa_command(tmp_path / "run")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-3000:]

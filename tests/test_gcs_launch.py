@@ -45,16 +45,7 @@ def _copies(root) -> list[str]:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _fs():
-  fs = gcsfs.core.GCSFileSystem(token="anon")  # the class the fixture gives gs://
-  fs.invalidate_cache()
-  return fs
-
-
-def _objects(prefix: str) -> list[str]:
-  """Every object under gs://`prefix`, relative to it."""
-  bare = prefix.removeprefix("gs://").rstrip("/")
-  return sorted(p[len(bare) + 1 :] for p in _fs().find(bare))
+from tests.test_gcs_train import _objects  # noqa: E402  (one copy of the helpers)
 
 
 def _env(tmp_path) -> dict:
@@ -247,20 +238,9 @@ def test_launch_spa_runs_its_stages_in_a_gcs_workdir(gcs, tmp_path):
   (spa_dir / "collect.json").write_text(json.dumps({"episodes": 3}))
   cwd = tmp_path / "cwd"
   cwd.mkdir()
-  cmd = [
-    sys.executable,
-    os.path.join(ROOT, "launch", "spa.py"),
-    "--config=" + os.path.join(ROOT, "configs", "frozenlake.py") + ":tiny",
-    f"--workdir={workdir}",
-    "--config.spa.sft_epochs=1",
-    "--config.spa.extra_new_tokens=8",
-    "--config.sft.batch_rows=2",
-    "--config.sft.lr=1e-3",
-    "--config.train.iterations=1",
-    "--config.train.eval_at_end=True",
-    "--config.train.eval_repeats=2",
-    "--no_progress",
-  ]
+  from tests.test_explore_spa_launch import spa_command
+
+  cmd = spa_command(workdir)
   env = _env(tmp_path)
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500, cwd=cwd)
   assert out.returncode == 0, out.stderr[-3000:]
