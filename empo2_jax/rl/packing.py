@@ -1,6 +1,6 @@
 """Episode packing: one token row per episode instead of one row per turn.
 
-An episode's chat only grows (agent/prompts.py), so the prompt of turn t+1 starts with the prompt
+An episode's chat only grows (envs/sciworld_prompts.py): turn t+1's prompt starts with the prompt
 of turn t followed by turn t's response. A packed row is the last turn's prompt + response, with
 each turn's response positions marked:
 
