@@ -59,9 +59,9 @@ def _records(tok):
 def test_probe_records_are_the_tip_free_chats(tok):
   eps = _records(tok)
   recs = probe.probe_records(eps)
-  assert [r["id"] for r in recs] == [f"it1-{e}/{t}" for e in (0, 1) for t in range(3)] + [
-    "it1-4/0",
-    "it1-4/1",
+  assert [r["id"] for r in recs] == [f"{e}:it1-{e}/{t}" for e in (0, 1) for t in range(3)] + [
+    "4:it1-4/0",
+    "4:it1-4/1",
   ]
   r = recs[2]  # episode 0, turn 2
   assert [m["role"] for m in r["messages"]] == ["user", "assistant", "user", "assistant", "user"]
@@ -73,7 +73,12 @@ def test_probe_records_are_the_tip_free_chats(tok):
   assert probe.summary(recs)["success"] == {"samples": 5, "episodes": 2, "variations": [5, 9]}
   assert [r["variation"] for r in probe.probe_records(eps, variations=[6])] == [6, 6, 6]
   capped = probe.cap_episodes(recs, "success", 1)
-  assert {r["episode_id"] for r in capped} == {"it1-0", "it1-1"}
+  assert {r["episode_id"] for r in capped} == {"0:it1-0", "1:it1-1"}
+  # an evaluation in parts numbers each part's episodes from 0: equal episode ids stay apart
+  twice = probe.probe_records(eps + eps)
+  assert len({r["id"] for r in twice}) == len(twice) == 2 * len(recs)
+  assert probe.summary(twice)["success"]["episodes"] == 4
+  assert len(probe.cap_episodes(twice, "failed", 1)) == len(twice) - 3
   assert probe.cap_episodes(recs, "success", 0) == recs
 
 
@@ -86,6 +91,8 @@ def test_probe_file_round_trip_and_bad_sets(tmp_path, tok):
     probe.read_probe(tmp_path / "bad.jsonl")
   with pytest.raises(FileNotFoundError, match="launch/probe.py make"):
     probe.read_probe(tmp_path / "none.jsonl")
+  with pytest.raises(ValueError, match="repeats sample ids"):
+    probe.score(None, None, tok, recs + recs[:1])
 
 
 MODEL = configs.get_preset("tiny", param_dtype="float32")

@@ -61,7 +61,7 @@ def probe_records(
   `variations` (optional) keeps only those variations."""
   keep = None if variations is None else {int(v) for v in variations}
   out = []
-  for ep in episodes:
+  for n, ep in enumerate(episodes):
     turns = ep["turns"]
     if not ep["use_memory"] or ep["env_failed"] or sum(turns["num_tips"]) < min_tips:
       continue
@@ -69,16 +69,20 @@ def probe_records(
       continue
     ids = ep["response_ids"]
     offsets = np.concatenate([[0], np.cumsum(turns["num_tokens"])]).astype(int)
+    # episode_id is unique within one rollout, not across an evaluation's parts or files (each
+    # part numbers its episodes from 0): the sample ids carry the episode's position as well.
+    key = f"{n}:{ep['episode_id']}"
     messages: list[dict] = []
     for t, (prompt, action) in enumerate(zip(turns["prompt"], turns["raw_action"])):
       messages = messages + [{"role": "user", "content": strip_tips(prompt)}]
       out.append(
         {
-          "id": f"{ep['episode_id']}/{t}",
+          "id": f"{key}/{t}",
           "set": "success" if ep["success"] else "failed",
           "task": ep["task"],
           "variation": int(ep["variation"]),
-          "episode_id": ep["episode_id"],
+          "episode_id": key,
+          "episode_index": n,
           "step": t,
           "messages": messages,
           "response_ids": [int(x) for x in ids[offsets[t] : offsets[t + 1]]],
@@ -89,12 +93,13 @@ def probe_records(
 
 
 def cap_episodes(records: Sequence[dict], which: str, max_episodes: int) -> list[dict]:
-  """The records with at most `max_episodes` episodes of set `which` (the first by episode id;
-  0: no cap); the other set is kept whole."""
+  """The records with at most `max_episodes` episodes of set `which` (the first in the order
+  the episodes were given; 0: no cap); the other set is kept whole."""
   if not max_episodes:
     return list(records)
-  kept = sorted({r["episode_id"] for r in records if r["set"] == which})[:max_episodes]
-  return [r for r in records if r["set"] != which or r["episode_id"] in set(kept)]
+  first = {r["episode_id"]: r.get("episode_index", 0) for r in records if r["set"] == which}
+  kept = set(sorted(first, key=lambda e: (first[e], e))[:max_episodes])
+  return [r for r in records if r["set"] != which or r["episode_id"] in kept]
 
 
 def write_probe(path, records: Sequence[dict]) -> None:
@@ -183,6 +188,8 @@ def score(
   max_prompt_len}. `rows`: packed rows per forward pass."""
   if not records:
     raise ValueError("the probe set is empty: no tip-guided episodes were found")
+  if len({r["id"] for r in records}) != len(records):
+    raise ValueError("the probe set repeats sample ids: rebuild it with launch/probe.py --make")
   turns = _turns(records)
   cfg = BatchConfig(
     max_prompt_len=max_prompt_len,
