@@ -14,6 +14,7 @@ checkpoints (scripts/probe_experiment.sh report).
 """
 
 import json
+import os
 import warnings
 
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
@@ -100,7 +101,10 @@ def score() -> None:
   from empo2_jax.train import build, export, probe
 
   records = probe.read_probe(_PROBE.value)
-  kind, directory = export.checkpoint_dir(_WORKDIR.value)
+  workdir = _WORKDIR.value
+  if "://" not in workdir:  # orbax opens absolute local paths only
+    workdir = os.path.abspath(workdir)
+  kind, directory = export.checkpoint_dir(workdir)
   step, params, meta = export.restore(directory, _STEP.value)
   c = ml_collections.ConfigDict(meta["config"])
   result = probe.score(
