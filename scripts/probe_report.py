@@ -20,12 +20,10 @@ import json
 import math
 import os
 import shutil
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from empo2_jax.train.compare import t_interval  # noqa: E402
+from empo2_jax.train.compare import t_interval
 
 SETS = ("success", "failed")
 
