@@ -165,3 +165,36 @@ def test_probe_rises_after_sft_on_its_responses_and_not_on_other_data(tok):
   assert gain > 1.0, (before, on_probe)
   assert on_probe["success"]["top1"] > before["success"]["top1"]
   assert on_other["success"]["logp_mean"] - before["success"]["logp_mean"] < 0.25 * gain
+
+
+@pytest.mark.slow  # a subprocess with its own JAX compile (~1 min on 2 busy cores)
+def test_launch_probe_makes_and_scores_from_a_relative_workdir(tmp_path, tok):
+  """launch/probe.py --make from an episodes JSONL, then scoring a run's checkpoint given as a
+  relative --workdir: the printed and written figures equal probe.score on the same params."""
+  import json
+  import os
+  import subprocess
+  import sys
+
+  from tests.test_export import ROOT, _trained_checkpoint
+
+  cfg, params = _trained_checkpoint(str(tmp_path / "run"))
+  eps = tmp_path / "with.jsonl"
+  eps.write_text("".join(json.dumps(e) + "\n" for e in _records(tok)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+
+  def cli(*args):
+    cmd = [sys.executable, os.path.join(ROOT, "launch", "probe.py"), *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+  made = cli("--make", f"--episodes={eps}", "--probe=p.jsonl", "--max_failed_episodes=1")
+  assert "set=success samples=5 episodes=2" in made and "set=failed samples=3 episodes=1" in made
+  printed = cli("--workdir=run", "--probe=p.jsonl", "--out=score.json")
+  got = json.loads((tmp_path / "score.json").read_text())
+  want = probe.score(params, cfg, tok, probe.read_probe(tmp_path / "p.jsonl"))
+  assert got["step"] == 2 and got["kind"] == "rl"
+  for s in ("success", "failed"):
+    np.testing.assert_allclose(got["sets"][s]["logp_mean"], want["sets"][s]["logp_mean"], 1e-5)
+    assert f"set={s} samples={want['sets'][s]['samples']}" in printed
