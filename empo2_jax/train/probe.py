@@ -41,16 +41,15 @@ PROBE_SETS = ("success", "failed")
 # ---------------------------------------------------------------------------- probe sets
 def episode_records(episodes_dir) -> list[dict]:
   """Every episode record (data/trajectories.episode_record) in an EpisodeLog directory's
-  staging files (<run>/episodes; gs:// too), in file order."""
-  staging = epath.Path(episodes_dir) / "staging"
-  if not staging.is_dir():
+  staging files (<run>/episodes; gs:// too), in iteration order."""
+  from empo2_jax.data.trajectories import EpisodeLog
+
+  if not (epath.Path(episodes_dir) / "staging").is_dir():  # EpisodeLog would create it
     raise FileNotFoundError(
-      f"{staging} does not exist: pass a run's episodes directory (train.save_episodes=True)"
+      f"{episodes_dir}/staging does not exist: pass a run's episodes directory "
+      "(train.save_episodes=True)"
     )
-  out = []
-  for path in sorted(staging.glob("iter-*.jsonl")):
-    out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-  return out
+  return list(EpisodeLog(episodes_dir).records())
 
 
 def probe_records(
