@@ -65,7 +65,7 @@ def _paper_tasks():
 
 def table1_runs(tasks, cpu: bool = False) -> list[dict]:
   """The training methods' runs of table1 (launch/sweep.py): name <method>_<task>."""
-  from empo2_jax.train import methods
+  from empo2_jax import methods
 
   runs = []
   for task in tasks:
@@ -91,7 +91,7 @@ def table1_commands(
   shell variable $QWEN; for the CPU version: one env worker)."""
   import os
 
-  from empo2_jax.train import methods
+  from empo2_jax import methods
 
   tasks = tuple(tasks or (TABLE1_CPU_TASKS if cpu else _paper_tasks()))
   if extra is None:  # CPU: one env worker (one JVM), to fit beside other jobs on a shared machine

@@ -34,7 +34,7 @@ _USER_ERRORS = (
   ("empo2_jax.errors", "UserError"),
   ("empo2_jax.model.safetensors_io", "CheckpointError"),
   ("empo2_jax.train.build", "ConfigError"),
-  ("empo2_jax.train.methods", "UnknownMethod"),
+  ("empo2_jax.methods", "UnknownMethod"),
   ("builtins", "FileNotFoundError"),
   ("builtins", "NotADirectoryError"),
   ("builtins", "IsADirectoryError"),

@@ -9,14 +9,16 @@ this config as a config file.
 
 import ml_collections
 
+from empo2_jax import methods
 from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
+from empo2_jax.methods import empo2 as empo2_method
 
 
 def get_config(arg=None):
   del arg
   c = ml_collections.ConfigDict()
   c.seed = 0
-  # The method of the run (empo2_jax/train/methods.py: empo2, grpo, gigpo, gigpo_std, naive,
+  # The method of the run (empo2_jax/methods/: empo2, grpo, gigpo, gigpo_std, naive,
   # reflexion, retrospex, ...). launch/train.py applies its config defaults (command-line
   # overrides win) and refuses the methods that do not train, naming their command.
   c.method = "empo2"
@@ -74,27 +76,8 @@ def get_config(arg=None):
     cache_dtype="bfloat16",
   )
 
-  c.empo2 = dict(
-    p_memory=0.25,  # probability that an iteration rolls out with memory tips
-    q_offpolicy=2.0 / 3.0,  # share of memory iterations updated off-policy (tips removed)
-    force_mode="",  # '', 'on', 'on_tips' or 'off': skip the draw (tests, ablations)
-    ratio_variant="paper",  # 'paper' or 'release' old-log-prob view (docs/method.md §4)
-    intrinsic_reward=True,  # True/'count', False/'none', or 'rnd' (empo2_jax/explore/config.py)
-    intrinsic_scale=1.0,
-    tip_max_new_tokens=128,
-    tip_temperature=1.0,
-    memory_key="step",  # 'step' (paper-era: each step's transcript) or 'final' (release)
-    # 'chat' (the authors' code, both versions: the tip-free chat so far as MiniLM sees it, its
-    # first 256 word pieces) or 'recent' (ours: task + latest lines); agent/actor.py
-    memory_key_text="chat",
-    # The chat a tip is written from: 'paper' (paper-era: tip-free history, no last observation,
-    # no score), 'release' (tips as plain text, the last observation) or 'outcome' (ours: tips
-    # kept, the last observation and the final score); memory/reflect.reflection_chat
-    tip_chat="paper",
-    # Who writes the tip: "policy" (the method) or "rule" (a mechanism check: the score-raising
-    # actions and the unmet subgoals, no model; memory/rule_tip.py)
-    reflector="policy",
-  )
+  # EMPO2's own settings: empo2_jax/methods/empo2.py (section() has their meanings)
+  c.empo2 = empo2_method.section()
   # One memory slot per training variation (docs/fidelity.md). A variation without a slot
   # retrieves nothing in training; unseen_fallback='task' lets an evaluation with memory on test
   # variations and launch/adapt.py read the task's other slots instead ('none': nothing).
@@ -125,7 +108,7 @@ def get_config(arg=None):
   # GiGPO only (rl/advantages.gigpo_advantages): episode statistics over one score per rollout
   # ('trajectory') or over every turn row of the group ('steps', verl-agent's default), and the
   # penalty taken off an invalid action's episode score and step return (verl-agent: 0.1). The
-  # `gigpo` method (train/methods.py) sets verl-agent's values.
+  # `gigpo` method (methods/gigpo.py) sets verl-agent's values.
   c.advantage.episode_stats = "trajectory"
   c.advantage.invalid_penalty = 0.0
   c.optim = dict(
@@ -201,10 +184,9 @@ def get_config(arg=None):
     eval_after=True,
     checkpoint_every=50,
   )
-  # The other exploration methods' sections: rnd, sge, herl, spa (empo2_jax/explore/config.py).
-  from empo2_jax.explore.config import add_defaults
-
-  add_defaults(c)
+  # The method plugins' sections: rnd, sge, herl, spa and any registered later
+  # (empo2_jax/methods/base.py).
+  methods.add_sections(c)
   c.lock()
   return c
 

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from empo2_jax import config_keys
 from empo2_jax.errors import UserError
 from empo2_jax.remote import check as check_remote
 from empo2_jax.remote import is_remote
@@ -48,18 +49,14 @@ def check_overrides(args, config) -> None:
     if not arg.startswith("--config.") or "=" not in arg:
       continue
     key = arg.split("=", 1)[0]
-    path = key[len("--config.") :].split(".")
-    node = config
-    for i, part in enumerate(path):
-      keys = list(node.keys()) if hasattr(node, "keys") else []
-      if part not in keys:
-        where = "config" + "".join(f".{p}" for p in path[:i])
-        raise UserError(
-          f"unknown config key: {where} has no field {part!r}",
-          key,
-          f"valid keys: {', '.join(sorted(keys))}",
-        )
-      node = node[part]
+    try:
+      config_keys.lookup(config, key[len("--config.") :])
+    except config_keys.UnknownKey as e:
+      raise UserError(
+        f"unknown config key: {e.where} has no field {e.part!r}",
+        key,
+        f"valid keys: {', '.join(sorted(e.keys))}",
+      ) from None
 
 
 def check_flags(flag_values) -> None:

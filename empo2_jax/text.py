@@ -1,6 +1,6 @@
 """Text helpers every layer may use (no imports from the package): text that can reach a JVM
 bridge or a checkpoint (`printable_text`), and ScienceWorld's goal-progress report as data
-(`parse_goal_progress`: `getGoalProgressStr()`, which HeRL's hindsight guidance, explore/herl.py,
+(`parse_goal_progress`: `getGoalProgressStr()`, which HeRL's hindsight guidance, methods/herl.py,
 and the rule reflector, memory/rule_tip.py, read)."""
 
 from __future__ import annotations

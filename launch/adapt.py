@@ -112,7 +112,7 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  from empo2_jax.train import methods
+  from empo2_jax import methods
   from empo2_jax.train.build import ConfigError
 
   config = _CONFIG.value

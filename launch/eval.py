@@ -7,7 +7,7 @@
   python launch/eval.py --config=configs/sciworld.py:cpu --method=reflexion --workdir=runs/rx \
       --trials=10 --reflections=3
 
---method (default: the config's method, empo2_jax/train/methods.py):
+--method (default: the config's method, empo2_jax/methods/):
   a training method (empo2, grpo, gigpo, ...): loads the newest restorable checkpoint of --workdir
       (a workdir without one is refused, exit 2, and nothing is created; --initial evaluates the
       config's initial policy instead of any checkpoint) and runs test variations x
@@ -42,7 +42,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run's workdir", required=True)
 _METHOD = flags.DEFINE_string(
-  "method", "", "the method to evaluate (default: config.method); empo2_jax/train/methods.py"
+  "method", "", "the method to evaluate (default: config.method); empo2_jax/methods/"
 )
 _MEMORY = flags.DEFINE_enum(
   "memory",
@@ -205,7 +205,8 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # keep orbax's INFO lines out of the way
     logging.set_verbosity(logging.WARNING)
   from empo2_jax.baselines.results import write_result
-  from empo2_jax.train import evaluate, methods
+  from empo2_jax import methods
+  from empo2_jax.train import evaluate
   from empo2_jax.train.build import ConfigError
   from empo2_jax.train.trainer import Trainer
 
@@ -268,7 +269,7 @@ def main(argv):
 def _check_checkpoint(flag_values) -> None:
   """Before anything starts: a training method's --workdir must hold a checkpoint step, unless
   --initial asks for the initial policy (cli.UserError otherwise; nothing is created)."""
-  from empo2_jax.train import methods
+  from empo2_jax import methods
 
   name = flag_values.method or flag_values.config.method
   try:

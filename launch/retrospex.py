@@ -186,7 +186,7 @@ def main(argv):
   commands = [a for a in argv[1:] if not a.startswith("-")]
   if commands not in (["train"], ["eval"]):
     sys.exit("usage: launch/retrospex.py train|eval --config=... --workdir=... (see --help)")
-  from empo2_jax.train import methods
+  from empo2_jax import methods
 
   config = _CONFIG.value
   methods.apply(config, "retrospex", keep=methods.explicit_keys(sys.argv[1:]))

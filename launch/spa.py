@@ -1,4 +1,4 @@
-"""SPA (docs/methods.md §7; empo2_jax/explore/spa.py): self-play world-model data from the current
+"""SPA (docs/methods.md §7; empo2_jax/methods/spa.py): self-play world-model data from the current
 policy, SFT on it, then RL from the SFT checkpoint with Pass@1 / Pass@k in the evaluations.
 
   python launch/spa.py --config=configs/frozenlake.py:cpu --workdir=runs/spa
@@ -10,7 +10,7 @@ overrides as in launch/train.py (command-line keys win over the method's default
 
 Stage A  (<workdir>/spa/) spa.collect_iterations rollouts of rollout.rows_per_iter training rows x
          rollout.group_size episodes with the policy of model.checkpoint, at
-         spa.collect_temperature, the world-model answer format requested (explore/spa.py
+         spa.collect_temperature, the world-model answer format requested (methods/spa.py
          WM_INSTRUCTION). Every episode becomes an SFT chat whose assistant turns hold the TRUE
          state before and after the turn (explore/spa.episode_chat); a seeded split by episode
          (spa.val_share) -> spa/wm_train.jsonl, spa/wm_val.jsonl, spa/collect.json.
@@ -52,7 +52,8 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   from empo2_jax import remote
-  from empo2_jax.train import build, methods, workdir_lock
+  from empo2_jax import methods
+  from empo2_jax.train import build, workdir_lock
 
   c = _CONFIG.value
   keep = methods.explicit_keys(sys.argv[1:])

@@ -33,10 +33,10 @@ TRAIN = os.path.join(ROOT, "launch", "train.py")
 
 def script_for(method) -> str:
   """The entry point of a run: launch/train.py, or the script of a method that has its own
-  (empo2_jax/train/methods.py: SPA runs launch/spa.py)."""
+  (empo2_jax/methods/: SPA runs launch/spa.py)."""
   if not method:
     return TRAIN
-  from empo2_jax.train import methods
+  from empo2_jax import methods
 
   for part in methods.get(method).commands[0].split():
     if part.startswith("launch/") and part.endswith(".py"):

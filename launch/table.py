@@ -5,7 +5,7 @@ empo2_jax/baselines/results.py).
   python launch/table.py --runs=runs/naive_fa,runs/grpo_fa,... --out=/tmp/t
 
 Table 1 (ScienceWorld and any other env but WebShop): one row per task, grouped by topic, one
-column per method (in the order of empo2_jax/train/methods.py, labels from there), cells
+column per method (in the order of empo2_jax/methods/, labels from there), cells
 "mean ± std" of the return, the best mean of each row in bold, and an "Average" row (the mean of
 the per-task means, as the paper reports). A cell with one run shows the std over its episodes;
 a cell with several runs (seeds) shows the mean and std over the runs' means.
@@ -25,7 +25,7 @@ import numpy as np
 from etils import epath
 
 from empo2_jax.baselines.results import read_results
-from empo2_jax.train import methods as methods_lib
+from empo2_jax import methods as methods_lib
 from empo2_jax import cli  # noqa: E402
 
 # ScienceWorld's topics (the simulator's task groups), in the order of the paper's task list.

@@ -100,9 +100,9 @@ def main(argv):
 
 
 def _apply_method(config) -> None:
-  """config.method's defaults (empo2_jax/train/methods.py), except keys set on the command line;
+  """config.method's defaults (empo2_jax/methods/), except keys set on the command line;
   a method that does not train exits naming the command that runs it."""
-  from empo2_jax.train import methods
+  from empo2_jax import methods
 
   try:
     method = methods.get(config.method)

@@ -50,7 +50,7 @@ def _fake_trainer(test_rows, repeats, eval_batch, rows_per_iter=2, group_size=2)
     rng=jax.random.PRNGKey(7),
     iteration=3,
     actor=types.SimpleNamespace(rollout=rollout),
-    explorer=types.SimpleNamespace(eval_notes=lambda specs: None),
+    hooks=types.SimpleNamespace(eval_notes=lambda specs: None),
     sampling_params=lambda: copies.append(1) or ("params", len(copies)),
     model_config="model",
   )

@@ -1,4 +1,4 @@
-"""HeRL (explore/herl.py): HE token weight (rl/losses.shaped_ratio) and bonus vs numpy,
+"""HeRL (methods/herl.py): HE token weight (rl/losses.shaped_ratio) and bonus vs numpy,
 candidates, injection, goal parsing, and the HE (policy-shaped) term of the policy loss."""
 
 import dataclasses
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.text import parse_goal_progress
-from empo2_jax.explore import herl
+from empo2_jax.methods import herl
 from empo2_jax.rl.losses import policy_loss, shaped_ratio
 from tests.rl_settings import batch_config, loss_config
 

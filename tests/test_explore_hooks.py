@@ -1,13 +1,14 @@
-"""explore/hooks.py without a model: SGE notes and book, HeRL's bonus/injection/relabelling with a
-scripted guided rollout, RND rewards only where EMPO2 gives its reward, env_text per method."""
+"""The method plugins' hooks (methods/base.Hooks over methods/sge.py, herl.py, rnd.py, spa.py)
+without a model: SGE notes and book, HeRL's bonus/injection/relabelling with a scripted guided
+rollout, RND rewards only where EMPO2 gives its reward, env_text per method."""
 
 import numpy as np
 import pytest
 
 from empo2_jax.agent.episode import Episode
 from empo2_jax.defaults import get_config
-from empo2_jax.explore import herl, sge
-from empo2_jax.explore.hooks import Explorer
+from empo2_jax.methods import herl, sge
+from empo2_jax.methods import Hooks, RolloutContext
 from empo2_jax.rl.batch import Turn
 
 
@@ -36,40 +37,45 @@ def _episode(gid, rid, score, success=False, steps=2, response="look"):
 
 
 def test_method_settings_are_the_config_sections_by_name():
-  """explore/config builds HeRL's, SGE's and RND's settings from their sections by name; the
-  dataclasses' defaults are those sections' defaults (explore/config.HERL, SGE, RND)."""
-  from empo2_jax.explore import config as xcfg
-  from empo2_jax.explore import rnd
+  """Each plugin builds its settings from its section by name; the dataclasses' defaults are the
+  sections' defaults (each module's SECTION, which the base config holds)."""
+  from empo2_jax.methods import rnd
 
   c = _config(**{"herl.gamma_s": 0.1, "sge.reflect_history": 5, "rnd.hidden": 64})
-  assert xcfg.herl_config(c) == herl.HeRLConfig(gamma_s=0.1)
-  assert xcfg.sge_config(c) == sge.SGEConfig(reflect_history=5)
-  assert xcfg.rnd_config(c) == rnd.RNDConfig(scale=c.empo2.intrinsic_scale, seed=c.seed, hidden=64)
+  assert herl.HeRL.settings(c) == herl.HeRLConfig(gamma_s=0.1)
+  assert sge.SGE.settings(c) == sge.SGEConfig(reflect_history=5)
+  want = rnd.RNDConfig(scale=c.empo2.intrinsic_scale, seed=c.seed, hidden=64)
+  assert rnd.RNDPlugin.settings(c) == want
   base = get_config()
-  assert xcfg.herl_config(base) == herl.HeRLConfig()
-  assert xcfg.sge_config(base) == sge.SGEConfig()
+  assert herl.HeRL.settings(base) == herl.HeRLConfig()
+  assert sge.SGE.settings(base) == sge.SGEConfig()
+  assert rnd.RNDPlugin.settings(base) == rnd.RNDConfig(scale=1.0, seed=0)
+  for mod in (herl, sge, rnd):
+    assert dict(base[mod.__name__.rsplit(".", 1)[1]]) == mod.SECTION
 
 
 def test_env_text_per_method():
-  assert Explorer(_config()).env_text("<strategy> x </strategy> go") == (
-    "<strategy> x </strategy> go"
-  )
-  assert Explorer(_config(**{"sge.enabled": True})).env_text("<strategy> x </strategy> go") == "go"
-  assert Explorer(_config(**{"spa.enabled": True})).env_text("<answer>Up</answer>") == "Up"
+  assert Hooks(_config()).env_text("<strategy> x </strategy> go") == ("<strategy> x </strategy> go")
+  assert Hooks(_config(**{"sge.enabled": True})).env_text("<strategy> x </strategy> go") == "go"
+  assert Hooks(_config(**{"spa.enabled": True})).env_text("<answer>Up</answer>") == "Up"
 
 
 def test_sge_notes_reflect_from_the_second_iteration_on_a_share_of_the_group():
-  ex = Explorer(_config(**{"sge.enabled": True}))
+  ex = Hooks(_config(**{"sge.enabled": True}))
   specs = [("t", 7, 0)] * 4
   assert ex.train_notes(specs, 0) == [sge.STRATEGY_INSTRUCTION] * 4
   eps = [_episode(0, i, 10 * i, response=f"<strategy> plan {i} </strategy> go") for i in range(4)]
   m = ex.after_rollout(None, eps, 0, "on", None)[1]
   assert m["sge/strategy_closed_frac"] == 0.0  # no sampler calls were counted
-  assert [e["strategy"] for e in ex.book.recent(("t", 7), 3)] == ["plan 1", "plan 2", "plan 3"]
+  assert [e["strategy"] for e in ex.plugins[0].book.recent(("t", 7), 3)] == [
+    "plan 1",
+    "plan 2",
+    "plan 3",
+  ]
   notes = ex.train_notes(specs, 1)
   assert notes[0] == sge.STRATEGY_INSTRUCTION and notes[2] == sge.STRATEGY_INSTRUCTION
   assert "- plan 3 -> fail, score 30/100" in notes[1] and notes[1] == notes[3]
-  assert ex.meta()["sge_book"] == ex.book.entries
+  assert ex.meta()["sge_book"] == ex.plugins[0].book.entries
   assert ex.eval_notes(specs) == [sge.STRATEGY_INSTRUCTION] * 4
 
 
@@ -88,20 +94,21 @@ class _Actor:
     return Rollout(out, {})
 
 
-class _Trainer:
-  def __init__(self, actor):
-    self.actor, self.model_config = actor, None
+def _context(actor):
+  """The trainer's RolloutContext (train/trainer.rollout_context) over a scripted actor."""
 
-  def sampling_params(self):
-    return None
+  def rollout(specs, **kw):
+    return actor.rollout(None, None, specs, use_memory=False, mode="on", **kw)
+
+  return RolloutContext(rollout=rollout, seed=0)
 
 
 def test_herl_bonus_injection_and_relabelling():
-  ex = Explorer(_config(**{"herl.enabled": True}))
+  ex = Hooks(_config(**{"herl.enabled": True}))
   eps = [_episode(0, i, s) for i, s in enumerate([10, 40, 40, 0])]  # group 0 fails
   eps += [_episode(1, 4 + i, s, success=i == 0) for i, s in enumerate([100, 0, 0, 0])]
   actor = _Actor({0: 60.0})
-  out, m = ex.after_rollout(_Trainer(actor), eps, 3, "on", __import__("jax").random.PRNGKey(0))
+  out, m = ex.after_rollout(_context(actor), eps, 3, "on", __import__("jax").random.PRNGKey(0))
   (specs, kw), = actor.calls  # fmt: skip
   assert specs == [("t", 7, 0)] and kw["temperature"] == 0.3 and kw["mode"] == "on"
   assert kw["notes"][0].startswith("<hindsight>") and "score 40/100" in kw["notes"][0]
@@ -133,7 +140,7 @@ def test_rnd_rewards_only_in_memory_rollouts_by_default():
       # Python salts per process, so three states could collide and give equal errors
       return np.array([[ord(t[-1]) % 7, len(t)] + [0.0] * 6 for t in texts], np.float32)
 
-  ex = Explorer(_config(**{"empo2.intrinsic_reward": "rnd", "rnd.hidden": 16, "rnd.out": 4}),
+  ex = Hooks(_config(**{"empo2.intrinsic_reward": "rnd", "rnd.hidden": 16, "rnd.out": 4}),
                 encoder=_Enc())  # fmt: skip
   eps = [_episode(0, i, 0, steps=3) for i in range(2)]
   m = ex.after_rollout(None, eps, 0, "on", None)[1]
@@ -141,4 +148,4 @@ def test_rnd_rewards_only_in_memory_rollouts_by_default():
   m = ex.after_rollout(None, eps, 1, "on_tips", None)[1]
   got = [t.intrinsic for e in eps for t in e.turns]
   assert m["rnd/rewarded"] == 1 and max(got) == pytest.approx(1.0) and min(got) == 0.0
-  assert int(ex.rnd.state.updates) == 2  # the predictor trained on both iterations' states
+  assert int(ex.plugins[0].rnd.state.updates) == 2  # both iterations trained the predictor

@@ -1,11 +1,11 @@
-"""RND (explore/rnd.py): statistics, normalisation and reward against numpy; predictor training."""
+"""RND (methods/rnd.py): statistics, normalisation and reward against numpy; predictor training."""
 
 import numpy as np
 import pytest
 
 import jax
 
-from empo2_jax.explore import rnd
+from empo2_jax.methods import rnd
 
 
 def _np_mlp(params, x):

@@ -1,4 +1,4 @@
-"""SGE (explore/sge.py): temperature classes, reflection, the two-phase sampler, and log-probs
+"""SGE (methods/sge.py): temperature classes, reflection, the two-phase sampler, and log-probs
 under the temperature each token was drawn at (sampler, kernel and the update's old log-prob)
 against numpy."""
 
@@ -8,7 +8,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.explore import sge
+from empo2_jax.methods import sge
 from empo2_jax.model import llama
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.logprobs import naive_token_logprobs, token_logprobs

@@ -1,9 +1,9 @@
-"""SPA (explore/spa.py): the SFT conversion puts the TRUE states in the targets; parsing, split,
+"""SPA (methods/spa.py): the SFT conversion puts the TRUE states in the targets; parsing, split,
 Pass@k."""
 
 import pytest
 
-from empo2_jax.explore import spa
+from empo2_jax.methods import spa
 from empo2_jax.train.metrics import pass_at_k
 
 S0 = "P _ _\n_ O _\n_ _ G"

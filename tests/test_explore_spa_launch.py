@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from configs import frozenlake
-from empo2_jax.train import methods
+from empo2_jax import methods
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +41,7 @@ def _local_env(c):
 
 @pytest.mark.slow
 def test_stage_a_episodes_hold_the_true_states(tmp_path):
-  from empo2_jax.explore import spa
+  from empo2_jax.methods import spa
   from empo2_jax.train import spa_run
   from empo2_jax.train.trainer import Trainer
 
@@ -68,7 +68,7 @@ def test_stage_a_episodes_hold_the_true_states(tmp_path):
 
 def _gold_chats(c, n):
   """World-model chats of gold episodes (true states, gold actions) of n train seeds."""
-  from empo2_jax.explore import spa
+  from empo2_jax.methods import spa
 
   env = _local_env(c)
   chats = []

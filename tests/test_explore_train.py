@@ -8,7 +8,7 @@ import pytest
 import jax
 
 from configs import frozenlake
-from empo2_jax.train import methods
+from empo2_jax import methods
 
 
 def _config(method: str, **over):
@@ -27,7 +27,7 @@ def _config(method: str, **over):
 
 @pytest.mark.slow
 def test_sge_one_iteration_records_strategy_temperatures(tmp_path):
-  from empo2_jax.explore import sge
+  from empo2_jax.methods import sge
   from empo2_jax.train.trainer import Trainer
 
   c = _config("sge", **{"sge.strategy_max_new_tokens": 6})
@@ -72,6 +72,11 @@ def test_herl_one_iteration_injects_guided_episodes(tmp_path):
 
 
 @pytest.mark.slow
+def _rnd(trainer):
+  (plugin,) = [p for p in trainer.hooks.plugins if p.name == "rnd"]
+  return plugin.rnd
+
+
 def test_empo2_rnd_rewards_and_exact_resume(tmp_path):
   """Two iterations straight == one, a checkpoint, a new trainer resuming, one more: the RND
   networks, Adam state and statistics come back exactly."""
@@ -83,14 +88,14 @@ def test_empo2_rnd_rewards_and_exact_resume(tmp_path):
   straight = Trainer(c, str(tmp_path / "a"), progress=False)
   hist = straight.run()
   assert hist[0]["rnd/rewarded"] == 1 and hist[0]["intrinsic_mean"] > 0
-  want = jax.tree.map(np.asarray, straight.explorer.rnd.state)
+  want = jax.tree.map(np.asarray, _rnd(straight).state)
 
   first = Trainer(c, str(tmp_path / "b"), progress=False)
   first.run(iterations=1)
   again = Trainer(c, str(tmp_path / "b"), progress=False)
   assert again.resume() == 1
   again.run()
-  got = jax.tree.map(np.asarray, again.explorer.rnd.state)
+  got = jax.tree.map(np.asarray, _rnd(again).state)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     np.testing.assert_array_equal(a, b)
   assert int(got.updates) == 2

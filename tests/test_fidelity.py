@@ -21,7 +21,7 @@ from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
 from empo2_jax.memory.reflect import TIP_PROMPT, reflection_chat
 from empo2_jax.memory.store import MemoryStore
 from empo2_jax.model.encoder import Encoder
-from empo2_jax.train import methods
+from empo2_jax import methods
 from empo2_jax.train.trainer import Trainer
 from tests import baselines_fakes as fakes
 
@@ -201,7 +201,7 @@ def test_evaluation_with_memory_falls_back_only_when_the_switch_says_so(switch, 
   fake = types.SimpleNamespace(
     config=c,
     test_rows=[0, 1],
-    explorer=types.SimpleNamespace(eval_notes=lambda specs: None),
+    hooks=types.SimpleNamespace(eval_notes=lambda specs: None),
     rng=jax.random.PRNGKey(0),
     iteration=0,
     sampling_params=lambda: None,

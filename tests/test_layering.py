@@ -23,19 +23,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOPS = ("empo2_jax", "launch", "configs")
 # Layers: a module under LOWER must not import one under UPPER.
 LOWER = tuple(f"empo2_jax.{p}" for p in ("rl", "sampling", "model", "memory", "envs"))
-UPPER = tuple(f"empo2_jax.{p}" for p in ("explore", "baselines", "train"))
+UPPER = tuple(f"empo2_jax.{p}" for p in ("methods", "baselines", "train"))
 # Every package and top-level module of empo2_jax (and launch/, configs/), floor by floor from the
 # bottom: a unit imports only units on LOWER floors (and itself). A new package must be placed
 # here; an import that runs sideways or back up fails with its file and line.
 FLOORS = (
-  ("errors", "text", "tips"),  # leaves
+  ("errors", "text", "tips", "config_keys"),  # leaves
   ("remote",),
   ("parallel",),  # primitives: mesh, sharding rules
   ("model", "data"),
   ("rl", "sampling"),
   ("memory", "envs"),
   ("agent", "programs"),
-  ("explore",),
+  ("methods",),  # one module per method, over the trainer's parts
   ("defaults",),
   ("preflight", "train"),
   ("baselines",),
@@ -228,8 +228,8 @@ def test_the_scan_sees_the_package():
   assert any(m.startswith("launch.") for m in MODULES)
   assert any(m.startswith("configs.") for m in MODULES)
   assert "empo2_jax.train.trainer" in GRAPH["launch.train"]
-  # function-level imports count: configs/sweeps.py imports train.methods inside functions
-  assert "empo2_jax.train.methods" in GRAPH["configs.sweeps"]
+  # function-level imports count: configs/sweeps.py imports methods inside functions
+  assert "empo2_jax.methods" in GRAPH["configs.sweeps"]
 
 
 def test_the_scan_sees_function_level_imports_and_private_uses():
@@ -267,7 +267,7 @@ def test_no_import_cycles():
   assert not problems, "import cycles:\n" + "\n".join(problems)
 
 
-def test_lower_layers_do_not_import_explore_baselines_or_train():
+def test_lower_layers_do_not_import_methods_baselines_or_train():
   problems = [
     f"  {src} -> {dst}  ({_line(src, dst)})"
     for src in sorted(GRAPH)

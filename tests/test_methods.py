@@ -1,4 +1,4 @@
-"""The method registry (train/methods.py): defaults applied to the config, check_config, and
+"""The method registry (methods/): defaults applied to the config, check_config, and
 launch/train.py refusing methods that do not train."""
 
 import subprocess
@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from empo2_jax import defaults
-from empo2_jax.train import build, methods
+from empo2_jax import methods
+from empo2_jax.train import build
 from configs import sciworld
 
 

@@ -2,7 +2,7 @@
 episodes' tips.
 
     actor = Actor(pool, tokenizer, materials, memory=..., settings=ActorSettings(...),
-                  env_text=explorer.env_text)
+                  env_text=hooks.env_text)
     rollout = actor.rollout(params, model_config, specs, use_memory=True, temperature=1.0,
                             rng=key, mode="off")
     rollout.episodes, rollout.stats          # every host's episodes, the rollout's counters
@@ -115,7 +115,7 @@ class Actor:
     prompt_set: PromptSet = SCIENCEWORLD,
     env_text: Callable[[str], str] = whole_response,
   ):
-    """env_text: what the env reads of a response (explore/hooks.Explorer.env_text: SGE's text
+    """env_text: what the env reads of a response (methods/base.Hooks.env_text: SGE's text
     after the strategy span, SPA's answer span); the chat keeps the whole response."""
     self.pool, self.tok, self.materials = pool, tokenizer, materials
     self.prompts = prompt_set  # the env's messages (its registry entry's PromptSet)
@@ -176,9 +176,9 @@ class Actor:
 
     notes: optional text per spec that opens the episode's first user message (Reflexion's
     reflections, baselines/reflexion.py); "" for none.
-    sampler: optional per-step sampler replacing the single session call (explore/hooks.py:
-    SGE's two-phase sampling), sampler(actor, session, requests, key, episodes, temperature=,
-    keep_prefix=) -> {i: (ids, logprobs, per-token temperatures)}.
+    sampler: optional per-step sampler replacing the single session call (a method plugin's
+    train_sampler, e.g. SGE's two-phase sampling), sampler(actor, session, requests, key,
+    episodes, temperature=, keep_prefix=) -> {i: (ids, logprobs, per-token temperatures)}.
     memory_fallback: a variation without a memory slot reads its task's other slots
     (agent/memory.Memory.retrieve); False (training, the authors' per-variation memory): nothing.
 
@@ -252,7 +252,7 @@ class Actor:
             temperature=temperature,
             keep_prefix=keep,
           )
-        else:  # a method's sampler (explore/hooks.py), also returning per-token temperatures
+        else:  # a method's sampler (Plugin.train_sampler), also returning per-token temperatures
           out = sampler(
             self,
             run.session,

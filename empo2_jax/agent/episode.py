@@ -66,7 +66,7 @@ class Episode:
   final_observation: str = ""  # what the agent saw after its last action
   note: str = ""  # text opening the first user message (Actor.rollout's notes: Reflexion)
   # The env's bare state before each turn and after the last (ResetInfo/StepInfo.state, else the
-  # observation): SPA's world-model targets (explore/spa.py).
+  # observation): SPA's world-model targets (methods/spa.py).
   states: list = dataclasses.field(default_factory=list)
   truncated: bool = False  # ended by the step limit (HeRL's hindsight says so)
   goals: str = ""  # the env's goal progress at the end (StepInfo.goals; HeRL's unmet goals)

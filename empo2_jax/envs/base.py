@@ -58,7 +58,7 @@ class StepInfo:
   env_failed: bool = False  # the pool gave up on this episode after repeated worker failures
   state: str = ""  # the bare state rendering after this step, where an env has one
   # At the episode's end, where an env has subgoals: their progress (ScienceWorld's
-  # getGoalProgressStr; HeRL's unmet goals, explore/herl.py). "" otherwise.
+  # getGoalProgressStr; HeRL's unmet goals, methods/herl.py). "" otherwise.
   goals: str = ""
 
 

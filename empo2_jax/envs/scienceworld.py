@@ -289,7 +289,7 @@ class SciWorldEnv:
     """The simulator's subgoal table now (`getGoalProgressStr`, the library's
     `get_goal_progress()`): sequential, then unordered/optional subgoals, each with true/false.
     A step that ends the episode carries it as StepInfo.goals, so it reaches the actor through the
-    pool's workers (HeRL's hindsight, explore/herl.py; the rule reflector, memory/rule_tip.py)."""
+    pool's workers (HeRL's hindsight, methods/herl.py; the rule reflector, memory/rule_tip.py)."""
     return str(self._server.getGoalProgressStr())
 
   def _score(self) -> int:

@@ -137,7 +137,7 @@ def gigpo_advantages(
   A group with a single member gets A_episode = 0 (verl-agent: mean 0, std 1, i.e. the raw score;
   with group_size >= 2 that happens only when the pool lost the other rollouts).
   The defaults (trajectory, no penalty) are this project's earlier GiGPO; the `gigpo` method
-  (train/methods.py) sets verl-agent's (steps, use_std False, penalty 0.1).
+  (methods/) sets verl-agent's (steps, use_std False, penalty 0.1).
   """
   if episode_stats not in EPISODE_STATS:
     raise ValueError(f"episode_stats={episode_stats!r}; valid: {', '.join(EPISODE_STATS)}")

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import jax
 
-from empo2_jax.agent.episode import MEMORY_KEY_TEXTS, TIP_CHATS
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import hf, llama
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import losses
-
-# empo2.force_mode: "" (draw the mode each iteration) or one of the update's modes
-FORCE_MODES = ("",) + batch_lib.MODES
 
 
 class ConfigError(ValueError):
@@ -26,37 +22,20 @@ def check_config(c) -> None:
       "e.g. --config.model.checkpoint=/path/to/Qwen2.5-7B-Instruct, or run the CPU demo with "
       "--config=configs/sciworld.py:cpu (random-init small model)"
     )
-  from empo2_jax.train import methods
+  from empo2_jax import methods
 
-  if c.method not in methods.REGISTRY:
-    raise ConfigError(f"method={c.method!r}; valid: {', '.join(methods.REGISTRY)}")
-  if c.empo2.force_mode not in FORCE_MODES:
-    raise ConfigError(f"empo2.force_mode={c.empo2.force_mode!r}; valid: {FORCE_MODES}")
-  if c.empo2.ratio_variant not in batch_lib.RATIO_VARIANTS:
-    raise ConfigError(
-      f"empo2.ratio_variant={c.empo2.ratio_variant!r}; valid: {', '.join(batch_lib.RATIO_VARIANTS)}"
-    )
-  if c.empo2.memory_key not in ("step", "final"):
-    raise ConfigError(
-      f"empo2.memory_key={c.empo2.memory_key!r}; valid: step, final (the release "
-      "keys by the final chat: memory_key=final with memory_key_text=chat)"
-    )
-  if c.empo2.memory_key_text not in MEMORY_KEY_TEXTS:
-    raise ConfigError(
-      f"empo2.memory_key_text={c.empo2.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
-    )
-  if c.empo2.tip_chat not in TIP_CHATS:
-    raise ConfigError(f"empo2.tip_chat={c.empo2.tip_chat!r}; valid: {', '.join(TIP_CHATS)}")
+  try:  # config.method, then every method plugin's section (empo2, rnd, sge, herl, spa, ...)
+    methods.check(c)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if c.memory.unseen_fallback not in ("task", "none"):
     raise ConfigError(
       f"memory.unseen_fallback={c.memory.unseen_fallback!r}; valid: task (evaluation with "
       "memory and launch/adapt.py read the task's other slots), none"
     )
-  from empo2_jax.memory.rule_tip import check_reflector
   from empo2_jax.train.checkpoint import async_saves
 
   try:
-    check_reflector(c.empo2.reflector)
     async_saves(c.train.checkpoint_async, "cpu")
   except ValueError as e:
     raise ConfigError(str(e)) from None
@@ -96,9 +75,6 @@ def check_config(c) -> None:
     )
   if c.rollout.group_size < 2:
     raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
-  for name in ("p_memory", "q_offpolicy"):
-    if not 0.0 <= c.empo2[name] <= 1.0:
-      raise ConfigError(f"empo2.{name}={c.empo2[name]} must be in [0, 1]")
   if c.loss.agg not in losses.AGGS:
     raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: {', '.join(losses.AGGS)}")
   if c.loss.policy_loss not in losses.POLICY_LOSSES:
@@ -116,13 +92,7 @@ def check_config(c) -> None:
     raise ConfigError(str(e)) from e
   if c.model.checkpoint and c.model.random_init:
     raise ConfigError("model.checkpoint and model.random_init are both set; pick one")
-  from empo2_jax.explore import config as explore_config
-
-  try:  # rnd / sge / herl / spa sections and empo2.intrinsic_reward
-    explore_config.check(c)
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
-  response = explore_config.response_tokens(c)
+  response = methods.response_tokens(c)
   if response >= c.rollout.max_context:
     raise ConfigError(
       f"the response budget {response} (rollout.max_new_tokens plus SGE's/SPA's extra tokens) "

@@ -7,7 +7,7 @@
 
 One checkpoint step holds three orbax items:
   state   params, optimizer state and optimizer step (rl.update.TrainState) and the base RNG key;
-          with RND (explore/rnd.py) also its networks, Adam state and running statistics
+          with RND (methods/rnd.py) also its networks, Adam state and running statistics
   memory  the tip memory (MemoryStore.state_dict() as one npz blob: orbax cannot save the empty
           arrays of an empty memory)
   meta    JSON: iteration, env-row cursor, the config, the metrics records up to this iteration
@@ -327,11 +327,11 @@ def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
     "update_floor": dict(getattr(trainer, "update_floor", {})),
   }
   state = {"train": trainer.state, "rng": trainer.rng}
-  explorer = getattr(trainer, "explorer", None)  # the exploration methods' state (explore/)
-  if explorer is not None:
-    if explorer.state_tree() is not None:
-      state["explore"] = explorer.state_tree()
-    meta["explore"] = explorer.meta()
+  hooks = getattr(trainer, "hooks", None)  # the method plugins' state (methods/base.Hooks)
+  if hooks is not None:
+    if hooks.state_tree() is not None:
+      state["explore"] = hooks.state_tree()
+    meta["explore"] = hooks.meta()
   ckpt.save(step, state, memory_to_blob(trainer.memory.store), meta, wait=wait)
   return step
 
@@ -343,9 +343,9 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   written after it (by the run that was killed) are dropped and the resumed iterations are written
   once. Readers that only evaluate (launch/eval.py) pass False."""
   current = {"train": trainer.state, "rng": trainer.rng}
-  explorer = getattr(trainer, "explorer", None)
-  if explorer is not None and explorer.state_tree() is not None:
-    current["explore"] = explorer.state_tree()
+  hooks = getattr(trainer, "hooks", None)
+  if hooks is not None and hooks.state_tree() is not None:
+    current["explore"] = hooks.state_tree()
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, current)
   stores = {}
 
@@ -361,8 +361,8 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
     return None
   step, state, _, meta = found
   trainer.state, trainer.rng = state["train"], state["rng"]
-  if explorer is not None:
-    explorer.load(state.get("explore"), meta.get("explore"))
+  if hooks is not None:
+    hooks.load(state.get("explore"), meta.get("explore"))
   trainer.iteration, trainer.row_cursor = int(meta["iteration"]), int(meta["row_cursor"])
   if hasattr(trainer, "update_floor"):  # older checkpoints have none: the floor starts at zero
     saved = meta.get("update_floor") or {}

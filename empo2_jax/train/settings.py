@@ -4,7 +4,9 @@ batch builder (rl/batch.py) and the actor (agent/actor.py)."""
 from __future__ import annotations
 
 from empo2_jax.agent.actor import ActorSettings
-from empo2_jax.explore import config as explore_config
+from empo2_jax import methods
+from empo2_jax.config_keys import by_name
+from empo2_jax.methods.empo2 import intrinsic_kind
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
@@ -18,7 +20,7 @@ def loss_config(c) -> LossConfig:
 
 def update_config(c) -> update_lib.UpdateConfig:
   """The `optim` keys of the update, rollout.temperature and the loss section."""
-  return explore_config.by_name(
+  return by_name(
     update_lib.UpdateConfig,
     c.optim,
     temperature=c.rollout.temperature,
@@ -35,10 +37,11 @@ def old_logprobs_source(c) -> tuple[str, str]:
   to fp reassociation, what the update's old-view forward pass would compute (measured and
   tolerated: rl/update.SAMPLER_LOGP_TOL): fp32 sampling and update (model.compute_dtype ==
   rollout.cache_dtype == float32; bf16 has not been measured), temperature > 0 without top-k /
-  top-p (the sampler's log-probs are under the filtered distribution), and none of the methods
-  whose trained tokens were sampled otherwise: SGE (per-token temperatures), HeRL (guided
-  samples at herl.temperature), SPA. Otherwise "recompute". Per iteration the trainer further
-  requires that the old view is the sampled one (old_logprobs_from_sampler)."""
+  top-p (the sampler's log-probs are under the filtered distribution), and no active method
+  whose trained tokens were sampled otherwise (Plugin.sampler_logprobs False: SGE's per-token
+  temperatures, HeRL's guided samples at herl.temperature, SPA). Otherwise "recompute". Per
+  iteration the trainer further requires that the old view is the sampled one
+  (old_logprobs_from_sampler)."""
   if c.optim.old_logprobs not in update_lib.OLD_LOGPROBS:
     raise ValueError(
       f"optim.old_logprobs={c.optim.old_logprobs!r}; valid: {update_lib.OLD_LOGPROBS}"
@@ -50,8 +53,9 @@ def old_logprobs_source(c) -> tuple[str, str]:
     why = f"compute_dtype={m.compute_dtype} cache_dtype={r.cache_dtype} (measured in float32 only)"
   elif r.temperature <= 0 or r.top_p < 1 or r.top_k > 0:
     why = f"temperature={r.temperature} top_p={r.top_p} top_k={r.top_k}"
-  elif c.sge.enabled or c.herl.enabled or c.spa.enabled:
-    why = "SGE / HeRL / SPA train tokens sampled at other temperatures or prompts"
+  elif not methods.sampler_logprobs_serve(c):
+    names = [p.name for p in methods.active(c) if not p.sampler_logprobs]
+    why = f"{', '.join(names)} train tokens sampled at other temperatures or prompts"
   else:
     return "sampler", "on-policy iterations take the sampler's log-probs"
   return "recompute", why
@@ -72,9 +76,9 @@ def old_logprobs_from_sampler(mode: str, ratio_variant: str, batch: dict) -> boo
 def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
   """rl/minibatch.arrange then lays out the update's rows."""
   # SGE's strategy phase and SPA's world-model text lengthen the response
-  # (explore/config.response_tokens); prompts then get what is left of the context.
-  response = explore_config.response_tokens(c)
-  return explore_config.by_name(
+  # (methods.response_tokens); prompts then get what is left of the context.
+  response = methods.response_tokens(c)
+  return by_name(
     batch_lib.BatchConfig,
     c.optim,  # prompt_len_check, micro_rows
     max_prompt_len=min(c.optim.max_prompt_len, c.rollout.max_context - response),
@@ -86,15 +90,15 @@ def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
 
 def actor_settings(c) -> ActorSettings:
   return ActorSettings(
-    max_new_tokens=explore_config.response_tokens(c),
+    max_new_tokens=methods.response_tokens(c),
     max_context=c.rollout.max_context,
     top_p=c.rollout.top_p,
     top_k=c.rollout.top_k,
     tip_max_new_tokens=c.empo2.tip_max_new_tokens,
     tip_temperature=c.empo2.tip_temperature,
     intrinsic_scale=c.empo2.intrinsic_scale,
-    # EMPO2's 1/(n+1) in the actor; RND's reward comes after the rollout (explore/hooks.py).
-    intrinsic_reward=explore_config.intrinsic_kind(c) == "count",
+    # EMPO2's 1/(n+1) in the actor; RND's reward comes after the rollout (methods/rnd.py).
+    intrinsic_reward=intrinsic_kind(c) == "count",
     memory_key=c.empo2.memory_key,
     memory_key_text=c.empo2.memory_key_text,
     tip_chat=c.empo2.tip_chat,

@@ -19,7 +19,7 @@ def collect(trainer, c) -> list:
   """Stage A: the episodes of spa.collect_iterations rollouts in the world-model format."""
   import jax
 
-  from empo2_jax.explore import spa
+  from empo2_jax.methods import spa
 
   episodes = []
   for k in range(c.spa.collect_iterations):
@@ -42,7 +42,7 @@ def collect(trainer, c) -> list:
 
 
 def to_chats(episodes) -> list:
-  from empo2_jax.explore import spa
+  from empo2_jax.methods import spa
 
   cut = [spa.valid_prefix(e.messages, e.states, e.executed) for e in episodes]
   return [spa.episode_chat(*x) for x in cut if x is not None]
@@ -72,7 +72,7 @@ def val_loss(trainer, c, chats) -> float:
 
 def stages_ab(c, spa_dir: str) -> str:
   """Stages A and B in spa_dir; returns the SFT policy's HF directory."""
-  from empo2_jax.explore import spa
+  from empo2_jax.methods import spa
   from empo2_jax.train.trainer import Trainer
   from empo2_jax.train.sft_loop import run_sft
 

@@ -23,7 +23,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from empo2_jax import remote
+from empo2_jax import methods, remote
 from empo2_jax.agent import hosts
 from empo2_jax.agent.actor import Actor, Memory, Rollout
 from empo2_jax.rl import advantages as adv_lib
@@ -124,12 +124,10 @@ class Trainer:
       raise
     finally:
       env.close()
-    # The exploration methods' hooks (explore/hooks.py: RND, SGE, HeRL, SPA's answer span); for
-    # EMPO2 / GRPO every hook is a no-op.
-    from empo2_jax.explore.hooks import Explorer
-
-    prompt_set = build.suite(c).prompts  # the env's messages (envs/registry.py)
-    self.explorer = Explorer(c, encoder=self.memory.encoder, score_out_of=prompt_set.score_out_of)
+    # The active method plugins' hooks (empo2_jax/methods/: RND, SGE, HeRL, SPA's answer span);
+    # EMPO2 and GRPO have none.
+    self.prompt_set = prompt_set = build.suite(c).prompts  # the env's messages (envs/registry.py)
+    self.hooks = methods.Hooks(c, encoder=self.memory.encoder, score_out_of=prompt_set.score_out_of)
     self.actor = Actor(
       self.pool,
       self.tokenizer,
@@ -139,7 +137,7 @@ class Trainer:
       # Multi-host: each host samples its share of the episodes on its own devices.
       mesh=self.mesh if jax.process_count() == 1 else hosts.local_mesh(c.mesh),
       prompt_set=prompt_set,
-      env_text=self.explorer.env_text,  # what the env reads of a response
+      env_text=self.hooks.env_text,  # what the env reads of a response
     )
     # A host (numpy) copy: every process holds the same key, and orbax refuses to checkpoint
     # host-local jax arrays in a multi-host run.
@@ -267,6 +265,20 @@ class Trainer:
       self.row_cursor += 1
     return out
 
+  def rollout_context(self) -> methods.RolloutContext:
+    """What a method's hook may roll out: episodes of the current policy, without memory."""
+
+    def rollout(specs, *, notes, temperature, rng):
+      params = self.sampling_params()
+      return self.actor.rollout(
+        params, self.model_config, specs, use_memory=False, temperature=temperature, rng=rng,
+        mode="on", notes=notes,
+      )  # fmt: skip
+
+    return methods.RolloutContext(
+      rollout=rollout, seed=int(self.config.seed), score_out_of=self.prompt_set.score_out_of
+    )
+
   def sampling_params(self):
     """The policy weights for the actor's sampler (multi-host: a copy on this host's devices)."""
     return hosts.sampling_params(self.state.params, self.actor.mesh)
@@ -308,8 +320,8 @@ class Trainer:
     with self.phase_peaks.phase("explore"):
       # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is
       # trained on; the returns in the metrics stay those of the policy's own episodes.
-      trained, explore_metrics = self.explorer.after_rollout(
-        self, rollout.episodes, it, mode, k_roll
+      trained, explore_metrics = self.hooks.after_rollout(
+        self.rollout_context(), rollout.episodes, it, mode, k_roll
       )
     timing = rollout_timing(rollout_stats, time.perf_counter() - t0)
 
@@ -359,8 +371,8 @@ class Trainer:
       temperature=c.rollout.temperature,
       rng=key,
       mode=mode,
-      notes=self.explorer.train_notes(specs, self.iteration),
-      sampler=self.explorer.train_sampler(),
+      notes=self.hooks.train_notes(specs, self.iteration),
+      sampler=self.hooks.train_sampler(),
     )
 
   def reflect(self, rollout: Rollout) -> dict:
@@ -508,7 +520,7 @@ class Trainer:
     specs = [
       (c.env.task, v, g) for g, v in enumerate(self.test_rows) for _ in range(c.train.eval_repeats)
     ]
-    notes = self.explorer.eval_notes(specs)
+    notes = self.hooks.eval_notes(specs)
     rng = jax.random.fold_in(self.rng, 10_000_000 + self.iteration)
     # At most eval_batch episodes at once (0: a training rollout's rows x group), so evaluating
     # many test variations never needs more sampler memory (KV cache) than training does. The

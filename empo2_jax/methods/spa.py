@@ -41,6 +41,23 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from empo2_jax.methods.base import GRPO_OVERRIDES, Plugin, register
+
+# The `spa` config section's defaults (the base config's).
+# [proposed]: a proposal of docs/methods.md, not a value found in the authors' code.
+SECTION = dict(
+  enabled=False,
+  # [proposed] stage A: iterations of rollout.rows_per_iter x group_size episodes of the
+  # current policy in the world-model format (SPA: 5 batches of 256 episodes)
+  collect_iterations=2,
+  collect_temperature=1.0,  # SPA samples at temperature 1
+  # [proposed] extra response tokens for <observation>/<prediction> (collection and RL, where
+  # the SFT'd model keeps writing them), ADDED to rollout.max_new_tokens
+  extra_new_tokens=96,
+  val_share=0.2,  # SPA's 80/20 split
+  sft_epochs=5,  # SPA's SFT epochs over the collected rows (0: config.sft.steps steps)
+)
+
 WM_INSTRUCTION = (
   "Always answer in this format: <think><observation> the current state </observation> your "
   "thoughts <prediction> the state after your action </prediction></think><answer> your action "
@@ -130,7 +147,50 @@ def split(n: int, val_share: float, seed: int) -> tuple[list[int], list[int]]:
   return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 
+# -- the plugin: what SPA adds to the trainer --
+class SPA(Plugin):
+  """The env reads the <answer> span; the world-model text lengthens the response. Stages A and
+  B (collection and SFT) are train/spa_run.py (launch/spa.py)."""
+
+  name, section = "spa", SECTION
+  sampler_logprobs = False
+  exclusive = True
+
+  @classmethod
+  def check(cls, c) -> None:
+    s = c.spa
+    if s.collect_iterations < 1 or not 0.0 <= s.val_share < 1.0 or s.sft_epochs < 0:
+      raise ValueError(
+        f"spa: need collect_iterations >= 1, 0 <= val_share < 1 and sft_epochs >= 0; got "
+        f"{s.collect_iterations}, {s.val_share}, {s.sft_epochs}"
+      )
+
+  @classmethod
+  def active(cls, c) -> bool:
+    return bool(c.spa.enabled)
+
+  @classmethod
+  def extra_response_tokens(cls, c) -> int:
+    return int(c.spa.extra_new_tokens)
+
+  def env_text(self, response: str) -> str:
+    return action_text(response)
+
+
+register(
+  "spa",
+  "SPA: self-play world-model SFT (the true states in <observation>/<prediction>), then GRPO "
+  "from it, Pass@k during RL (methods/spa.py, launch/spa.py)",
+  overrides={**GRPO_OVERRIDES, "spa.enabled": True},
+  commands=("{python} launch/spa.py --config={config} --config.method={name} --workdir={workdir}",),
+  label="SPA",
+  plugin=SPA,
+)
+
+
 __all__ = [
+  "SPA",
+  "SECTION",
   "WM_INSTRUCTION",
   "parse_wm",
   "action_text",

@@ -39,7 +39,22 @@ import numpy as np
 
 import jax
 
-from empo2_jax.explore import sections
+from empo2_jax.config_keys import by_name
+from empo2_jax.methods.base import GRPO_OVERRIDES, Plugin, register
+
+# The `sge` config section's defaults (the base config's; the settings dataclass's below).
+# [proposed]: a proposal of docs/methods.md, not a value found in the authors' code.
+SECTION = dict(
+  enabled=False,
+  # [proposed] temperature:share classes of a group's strategy spans (docs/methods.md §5.3)
+  strategy_temperatures="1.0:0.5,1.3:0.25,1.6:0.25",
+  # [proposed] the strategy phase's token budget, ADDED to rollout.max_new_tokens
+  strategy_max_new_tokens=32,
+  reflect_share=0.5,  # [proposed] rho
+  reflect_history=3,  # [proposed] M
+  reflect_from_iteration=1,  # [proposed] reflection from the second iteration on
+)
+
 
 OPEN, CLOSE = "<strategy>", "</strategy>"
 STRATEGY_INSTRUCTION = (
@@ -62,15 +77,15 @@ def parse_temperatures(text: str) -> tuple:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SGEConfig:
-  """The `sge` section (explore/sections.SGE, its defaults), by name (explore/config.sge_config)."""
+  """The `sge` section (SECTION, its defaults), by name (SGE.settings)."""
 
   # (temperature, share of the group) classes, in rollout order
-  strategy_temperatures: tuple = parse_temperatures(sections.SGE["strategy_temperatures"])
-  strategy_max_new_tokens: int = sections.SGE["strategy_max_new_tokens"]
-  reflect_share: float = sections.SGE["reflect_share"]
-  reflect_history: int = sections.SGE["reflect_history"]  # M: distinct earlier strategies shown
+  strategy_temperatures: tuple = parse_temperatures(SECTION["strategy_temperatures"])
+  strategy_max_new_tokens: int = SECTION["strategy_max_new_tokens"]
+  reflect_share: float = SECTION["reflect_share"]
+  reflect_history: int = SECTION["reflect_history"]  # M: distinct earlier strategies shown
   # 0-based: the second iteration on
-  reflect_from_iteration: int = sections.SGE["reflect_from_iteration"]
+  reflect_from_iteration: int = SECTION["reflect_from_iteration"]
 
   def __post_init__(self):
     shares = [s for _, s in self.strategy_temperatures]
@@ -229,7 +244,123 @@ def sample_with_strategy(
   return out
 
 
+# -- the plugin: what SGE adds to the trainer --
+class SGE(Plugin):
+  """notes: the strategy instruction and, for a share of the group, the reflection on the task
+  row's earlier strategies; the two-phase sampler with per-rollout strategy temperatures
+  (Turn.token_temps); after the rollout the first strategies go into the book; the env reads the
+  text after </strategy>."""
+
+  name, section = "sge", SECTION
+  sampler_logprobs = False  # per-token temperatures
+  exclusive = True
+
+  @classmethod
+  def settings(cls, c) -> SGEConfig:
+    """The `sge` section by name, its temperature classes parsed."""
+    return by_name(
+      SGEConfig, c.sge, strategy_temperatures=parse_temperatures(c.sge.strategy_temperatures)
+    )
+
+  @classmethod
+  def check(cls, c) -> None:
+    cls.settings(c)
+
+  @classmethod
+  def active(cls, c) -> bool:
+    return bool(c.sge.enabled)
+
+  @classmethod
+  def extra_response_tokens(cls, c) -> int:
+    return int(c.sge.strategy_max_new_tokens)
+
+  def __init__(self, c, **kw):
+    super().__init__(c, **kw)
+    self.cfg = self.settings(c)
+    self.group_size = int(c.rollout.group_size)
+    self.book = StrategyBook()
+    self._counts = {"turns": 0, "closed": 0}
+
+  def env_text(self, response: str) -> str:
+    return split_strategy(response)[1]
+
+  def train_notes(self, specs: Sequence, iteration: int) -> list[str]:
+    out = []
+    for i, (task, variation, _) in enumerate(specs):
+      note = STRATEGY_INSTRUCTION
+      j = i % self.group_size
+      if iteration >= self.cfg.reflect_from_iteration and reflects(j, self.cfg.reflect_share):
+        entries = self.book.recent((task, int(variation)), self.cfg.reflect_history)
+        if entries:
+          note += "\n" + reflection_text(entries, self.score_text)
+      out.append(note)
+    return out
+
+  def eval_notes(self, specs: Sequence) -> list[str]:
+    """Evaluation: the strategy format without reflection."""
+    return [STRATEGY_INSTRUCTION] * len(specs)
+
+  def train_sampler(self):
+    temps = group_temperatures(self.group_size, self.cfg.strategy_temperatures)
+    cfg, counts, g = self.cfg, self._counts, self.group_size
+
+    def sampler(actor, session, requests, key, episodes, *, temperature, keep_prefix):
+      t_s = {i: temps[episodes[i].rollout_id % g] for i in requests}
+
+      def sample(rows, k, n, t):
+        return actor.sample(
+          session, rows, k, max_new_tokens=n, temperature=t, keep_prefix=keep_prefix
+        )
+
+      got = sample_with_strategy(
+        sample,
+        lambda ids: actor.tok.decode(ids, skip_special_tokens=True),
+        requests,
+        t_s,
+        key,
+        strategy_max_new_tokens=cfg.strategy_max_new_tokens,
+        max_new_tokens=actor.settings.max_new_tokens,
+        action_temperature=temperature,
+        stop_ids=actor.stop_ids,
+      )
+      counts["turns"] += len(got)
+      counts["closed"] += sum(int(x[3]) for x in got.values())
+      return {i: (np.asarray(ids), np.asarray(lps), temps_) for i, (ids, lps, temps_, _) in
+              got.items()}  # fmt: skip
+
+    return sampler
+
+  def after_rollout(self, ctx, episodes, iteration, mode, key):
+    for e in episodes:
+      if e.env_failed or not e.turns:
+        continue
+      strategy = split_strategy(e.turns[0].response)[0]
+      self.book.add((e.task, e.variation), strategy, e.success, e.score)
+    n, closed = self._counts["turns"], self._counts["closed"]
+    self._counts.update(turns=0, closed=0)
+    return episodes, {"sge/strategy_closed_frac": closed / n if n else 0.0}
+
+  def meta(self) -> dict:
+    return {"sge_book": self.book.entries}
+
+  def load(self, tree, meta: dict) -> None:
+    if "sge_book" in meta:
+      self.book.entries = dict(meta["sge_book"])
+
+
+register(
+  "sge",
+  "SGE: <strategy> spans sampled at mixed temperatures (log-probs at the temperature used), "
+  "strategy reflection; GRPO, no memory (methods/sge.py)",
+  overrides={**GRPO_OVERRIDES, "sge.enabled": True},
+  label="SGE",
+  plugin=SGE,
+)
+
+
 __all__ = [
+  "SGE",
+  "SECTION",
   "SGEConfig",
   "STRATEGY_INSTRUCTION",
   "StrategyBook",

@@ -27,31 +27,45 @@ proposal, docs/methods.md §6.3's note):
   HE weight   on HE tokens the PPO-clip term is replaced by -A * w, w = rho / (rho + gamma_s),
               rho = exp(clamp(log pi_theta - log pi_old, -20, 20)) with pi_old recomputed on the
               injected sample before the update, gamma_s = 1 (HeRL's IF setting); no clipping.
-              The injected turns carry Turn.shaping_gamma = gamma_s (explore/hooks.py), which
+              The injected turns carry Turn.shaping_gamma = gamma_s (HeRL below), which
               the loss reads as its policy-shaping constant (rl/losses.shaped_ratio)
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import time
 from typing import Optional, Sequence
 
 import numpy as np
 
+import jax
+
+from empo2_jax.config_keys import by_name
+from empo2_jax.methods.base import GRPO_OVERRIDES, Plugin, register
 from empo2_jax.text import parse_goal_progress
-from empo2_jax.explore import sections
+
+# The `herl` config section's defaults (the base config's; the settings dataclass's below).
+# [proposed]: a proposal of docs/methods.md, not a value found in the authors' code.
+SECTION = dict(
+  enabled=False,
+  alpha=0.05,  # reward_shaping_alpha (HeRL scripts)
+  gamma_s=1.0,  # he_shaping_gamma (HeRL's IF script)
+  temperature=0.3,  # the rewrite temperature (HeRL scripts)
+  max_actions_shown=12,  # [proposed] the failed attempt's last actions in the hindsight block
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HeRLConfig:
-  """The `herl` section by name (explore/config.herl_config); its defaults are the section's
-  (explore/sections.HERL)."""
+  """The `herl` section by name (HeRL.settings); its defaults are the section's (SECTION)."""
 
-  alpha: float = sections.HERL["alpha"]  # reward_shaping_alpha
-  gamma_s: float = sections.HERL["gamma_s"]  # he_shaping_gamma (IF: 1, medical: 0.1)
-  temperature: float = sections.HERL["temperature"]  # the guided re-rollout's sampling temperature
+  alpha: float = SECTION["alpha"]  # reward_shaping_alpha
+  gamma_s: float = SECTION["gamma_s"]  # he_shaping_gamma (IF: 1, medical: 0.1)
+  temperature: float = SECTION["temperature"]  # the guided re-rollout's sampling temperature
   # the failed attempt's last actions shown in the hindsight block
-  max_actions_shown: int = sections.HERL["max_actions_shown"]
+  max_actions_shown: int = SECTION["max_actions_shown"]
 
   def __post_init__(self):
     if self.gamma_s <= 0 or self.temperature < 0 or self.max_actions_shown < 0:
@@ -177,7 +191,125 @@ def summary(groups_failed: int, injected: int, fallback: int, bonuses: Optional[
   }
 
 
+# -- the plugin: what HeRL adds to the trainer --
+class HeRL(Plugin):
+  """After the rollout: guided re-rollouts of the groups without a success, the bonus and the
+  injection; the injected turns have Turn.shaping_gamma = herl.gamma_s."""
+
+  name, section = "herl", SECTION
+  sampler_logprobs = False  # guided samples at herl.temperature, under another prompt
+  exclusive = True
+
+  @classmethod
+  def settings(cls, c) -> HeRLConfig:
+    return by_name(HeRLConfig, c.herl)
+
+  @classmethod
+  def check(cls, c) -> None:
+    cls.settings(c)
+
+  @classmethod
+  def active(cls, c) -> bool:
+    return bool(c.herl.enabled)
+
+  def __init__(self, c, **kw):
+    super().__init__(c, **kw)
+    self.cfg = self.settings(c)
+
+  def after_rollout(self, ctx, episodes, iteration, mode, key):
+    t0 = time.perf_counter()
+    episodes, m = self._guide(ctx, episodes, iteration, key)
+    m["time/herl"] = time.perf_counter() - t0
+    return episodes, m
+
+  def _guide(self, ctx, episodes, iteration: int, key):
+    cfg = self.cfg
+    groups: dict = {}
+    for i, e in enumerate(episodes):
+      if not e.env_failed:
+        groups.setdefault(e.group_id, []).append(Member(i, e.score, e.success))
+    cands = candidates(groups)
+    if not cands:
+      return episodes, summary(0, 0, 0, [])
+    order = sorted(cands, key=lambda g: cands[g])
+    specs, notes = [], []
+    for gid in order:
+      e = episodes[cands[gid]]
+      outcome = "ran out of steps" if e.truncated else "ended without reaching it"
+      unmet, met = goal_items(e.goals, e.success, outcome)
+      notes.append(
+        hindsight_block(
+          self.score_text(e.score),
+          unmet,
+          met,
+          [a for a in e.executed if a.strip()],  # turns that named no action executed nothing
+          cfg.max_actions_shown,
+        )
+      )
+      specs.append((e.task, e.variation, gid))
+    rollout = ctx.rollout(
+      specs, notes=notes, temperature=cfg.temperature, rng=jax.random.fold_in(key, 1)
+    )
+    rollout.close()  # no tips are written from the guided episodes
+    guided = rollout.episodes
+    rng = np.random.default_rng([ctx.seed, iteration, 1931])
+    episodes = list(episodes)
+    injected = fallback = 0
+    bonuses = []
+    for gid, g in zip(order, guided):
+      cand = episodes[cands[gid]]
+      if g.env_failed:
+        continue
+      original = copy.deepcopy(cand)
+      delta = bonus(cand.score, g.score, cfg.alpha)
+      bonuses.append(delta)
+      _shift(cand, delta)
+      slot, use, src = injection(groups[gid], g.score, rng)
+      target = episodes[slot]
+      new = g if use else (original if src == cands[gid] else copy.deepcopy(episodes[src]))
+      _relabel(new, target.group_id, target.rollout_id, cfg.gamma_s if use else 0.0)
+      episodes[slot] = new
+      injected += int(use)
+      fallback += int(not use)
+    m = summary(len(cands), injected, fallback, bonuses)
+    ok = [g for g in guided if not g.env_failed]
+    m["herl/guided_score_mean"] = float(np.mean([g.score for g in ok])) if ok else 0.0
+    m["herl/guided_success"] = float(np.mean([g.success for g in ok])) if ok else 0.0
+    return episodes, m
+
+
+def _shift(e, delta: float) -> None:
+  """The episode's score moves by delta in every advantage estimator (shift_scores)."""
+  returns, rewards = shift_scores(
+    [t.episode_return for t in e.turns], [t.reward for t in e.turns], delta
+  )
+  for t, r, w in zip(e.turns, returns, rewards):
+    t.episode_return, t.reward = r, w  # the training signal; e.score stays the env's score
+
+
+def _relabel(e, group_id, rollout_id, shaping_gamma: float) -> None:
+  """The episode moved into another slot; shaping_gamma > 0 marks its turns as sampled under
+  another policy (the HE weight)."""
+  e.group_id, e.rollout_id = group_id, rollout_id
+  e.turns = [
+    dataclasses.replace(t, group_id=group_id, rollout_id=rollout_id, shaping_gamma=shaping_gamma)
+    for t in e.turns
+  ]
+
+
+register(
+  "herl",
+  "HeRL: guided re-rollouts of failed groups from their unmet goals, injected with the HE token "
+  "weight and the bonus; GRPO, no memory (methods/herl.py)",
+  overrides={**GRPO_OVERRIDES, "herl.enabled": True},
+  label="HeRL",
+  plugin=HeRL,
+)
+
+
 __all__ = [
+  "HeRL",
+  "SECTION",
   "HeRLConfig",
   "Member",
   "bonus",

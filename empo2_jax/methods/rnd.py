@@ -37,7 +37,24 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from empo2_jax.explore import sections
+from empo2_jax.config_keys import by_name
+from empo2_jax.methods.base import Plugin, register
+from empo2_jax.methods.empo2 import intrinsic_kind
+
+# The `rnd` config section's defaults (the base config's; the settings dataclass's below).
+# [proposed]: a proposal of docs/methods.md, not a value found in the authors' code.
+SECTION = dict(
+  hidden=256,  # [proposed] MLP 384 -> 256 -> 256 -> 128, ReLU, orthogonal(sqrt 2) init
+  out=128,
+  lr=1e-4,  # [proposed] Adam, one step per rollout batch over all visited states
+  obs_clip=5.0,  # RND's clip of the normalised input
+  normalise="minmax",  # [proposed] 'minmax' (batch -> [0, 1]), 'std' (RND's), 'none'
+  gamma=0.99,  # RND's gamma_int (for 'std')
+  # [proposed] which rollouts get the reward: 'memory' (where EMPO2 gives 1/(n+1), the
+  # like-for-like ablation) or 'all'. The predictor trains on every iteration's states.
+  rollouts="memory",
+)
+
 
 NORMALISERS = ("minmax", "std", "none")
 _EPS = 1e-8
@@ -45,18 +62,18 @@ _EPS = 1e-8
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RNDConfig:
-  """The `rnd` section (explore/sections.RND, its defaults) by name, with empo2.intrinsic_scale and
-  the run's seed (explore/config.rnd_config)."""
+  """The `rnd` section (SECTION, its defaults) by name, with empo2.intrinsic_scale and
+  the run's seed (RNDPlugin.settings)."""
 
   scale: float  # beta: reward = scale * normalised error (empo2.intrinsic_scale)
   seed: int  # the run's seed
   input_dim: int = 384  # the MiniLM embedding width
-  hidden: int = sections.RND["hidden"]
-  out: int = sections.RND["out"]
-  lr: float = sections.RND["lr"]
-  obs_clip: float = sections.RND["obs_clip"]
-  normalise: str = sections.RND["normalise"]
-  gamma: float = sections.RND["gamma"]  # discount of the intrinsic return ("std")
+  hidden: int = SECTION["hidden"]
+  out: int = SECTION["out"]
+  lr: float = SECTION["lr"]
+  obs_clip: float = SECTION["obs_clip"]
+  normalise: str = SECTION["normalise"]
+  gamma: float = SECTION["gamma"]  # discount of the intrinsic return ("std")
   row_bucket: int = 64  # batches are padded to a multiple of this (few jitted shapes)
 
   def __post_init__(self):
@@ -271,7 +288,72 @@ class RND:
     return self.rewards_from_embeddings(self.embed(texts), episode_ids, steps)
 
 
+# -- the plugin: what RND adds to the trainer --
+ROLLOUTS = ("memory", "all")
+
+
+class RNDPlugin(Plugin):
+  """After the rollout: every turn's current observation -> RND reward in Turn.intrinsic (on the
+  rollouts rnd.rollouts names); the networks are checkpointed. On with
+  empo2.intrinsic_reward='rnd'."""
+
+  name, section = "rnd", SECTION
+
+  @classmethod
+  def settings(cls, c, **given) -> RNDConfig:
+    """The `rnd` section by name, the reward scale empo2.intrinsic_scale and the run's seed;
+    `given`: the rest (input_dim: the encoder's width)."""
+    return by_name(RNDConfig, c.rnd, scale=c.empo2.intrinsic_scale, seed=c.seed, **given)
+
+  @classmethod
+  def check(cls, c) -> None:
+    if c.rnd.rollouts not in ROLLOUTS:
+      raise ValueError(f"rnd.rollouts={c.rnd.rollouts!r}; valid: {', '.join(ROLLOUTS)}")
+    cls.settings(c)
+
+  @classmethod
+  def active(cls, c) -> bool:
+    return intrinsic_kind(c) == "rnd"
+
+  def __init__(self, c, **kw):
+    super().__init__(c, **kw)
+    self.rnd = RND(self.settings(c), self.encoder)
+
+  def after_rollout(self, ctx, episodes, iteration, mode, key):
+    turns = [t for e in episodes if not e.env_failed for t in e.turns]
+    r = self.rnd.rewards(
+      [t.obs_key or " " for t in turns], [t.rollout_id for t in turns], [t.step for t in turns]
+    )
+    give = self.c.rnd.rollouts == "all" or mode != "on"
+    for t, x in zip(turns, r):
+      t.intrinsic = float(x) if give else 0.0
+    return episodes, dict(self.rnd.last_stats, **{"rnd/rewarded": int(give and len(turns) > 0)})
+
+  def state_tree(self):
+    return self.rnd.state._asdict()
+
+  def load(self, tree, meta: dict) -> None:
+    if tree is None:
+      return
+    d = dict(tree)
+    for k in ("obs", "ret"):
+      d[k] = RunningStats(**dict(d[k])) if isinstance(d[k], dict) else d[k]
+    self.rnd.state = RNDState(**d)
+
+
+register(
+  "empo2_rnd",
+  "EMPO2 with an RND reward on MiniLM state embeddings in place of 1/(n+1) (methods/rnd.py)",
+  overrides={"empo2.intrinsic_reward": "rnd"},
+  label="EMPO2+RND",
+  plugin=RNDPlugin,
+)
+
+
 __all__ = [
+  "RNDPlugin",
+  "SECTION",
+  "ROLLOUTS",
   "RNDConfig",
   "RNDState",
   "RunningStats",
