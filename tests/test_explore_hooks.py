@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from empo2_jax.agent.episode import Episode
+from empo2_jax import config_keys
 from empo2_jax.defaults import get_config
 from empo2_jax.methods import herl, sge
 from empo2_jax.methods import Hooks, RolloutContext
@@ -16,11 +17,8 @@ def _config(**over):
   c = get_config()
   c.rollout.group_size = 4
   for k, v in over.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
+    node, key = config_keys.lookup(c, k)
+    node[key] = v
   return c
 
 

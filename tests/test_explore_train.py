@@ -8,7 +8,7 @@ import pytest
 import jax
 
 from configs import frozenlake
-from empo2_jax import methods
+from empo2_jax import config_keys, methods
 
 
 def _config(method: str, **over):
@@ -16,11 +16,8 @@ def _config(method: str, **over):
   methods.apply(c, method)
   c.unlock()
   for k, v in over.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
+    node, key = config_keys.lookup(c, k)
+    node[key] = v
   c.lock()
   return c
 

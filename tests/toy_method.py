@@ -8,11 +8,7 @@ class ToyBonus(methods.Plugin):
   """Adds `toy_bonus.bonus` to every trained turn's intrinsic reward after the rollout."""
 
   name = "toy_bonus"
-  section = {"enabled": False, "bonus": 0.5}
-
-  @classmethod
-  def active(cls, c):
-    return bool(c.toy_bonus.enabled)
+  section = {"enabled": False, "bonus": 0.5}  # on while toy_bonus.enabled (Plugin.active)
 
   @classmethod
   def check(cls, c):

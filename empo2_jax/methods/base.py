@@ -10,9 +10,7 @@ and, where it adds to the trainer, a Plugin (its config section, checks and hook
 A method is one module that calls `register` (docs/architecture.md, "How to add a method"):
 
     class Toy(methods.Plugin):
-      name, section = "toy", {"enabled": False, "bonus": 0.1}
-      @classmethod
-      def active(cls, c): return c.toy.enabled
+      name, section = "toy", {"enabled": False, "bonus": 0.1}   # on while toy.enabled
       def after_rollout(self, ctx, episodes, iteration, mode, key): ...
     methods.register("toy", "a toy", overrides={"toy.enabled": True}, plugin=Toy)
 
@@ -81,7 +79,9 @@ class Plugin:
 
   @classmethod
   def active(cls, c) -> bool:
-    return False
+    """Whether the run uses the method: by default its section's `enabled` field (a section
+    without one: never; override for another rule, as RND's empo2.intrinsic_reward)."""
+    return bool(cls.section is not None and "enabled" in cls.section and c[cls.name].enabled)
 
   @classmethod
   def extra_response_tokens(cls, c) -> int:

@@ -208,10 +208,6 @@ class HeRL(Plugin):
   def check(cls, c) -> None:
     cls.settings(c)
 
-  @classmethod
-  def active(cls, c) -> bool:
-    return bool(c.herl.enabled)
-
   def __init__(self, c, **kw):
     super().__init__(c, **kw)
     self.cfg = self.settings(c)

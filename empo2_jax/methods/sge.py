@@ -267,10 +267,6 @@ class SGE(Plugin):
     cls.settings(c)
 
   @classmethod
-  def active(cls, c) -> bool:
-    return bool(c.sge.enabled)
-
-  @classmethod
   def extra_response_tokens(cls, c) -> int:
     return int(c.sge.strategy_max_new_tokens)
 

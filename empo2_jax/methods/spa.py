@@ -166,10 +166,6 @@ class SPA(Plugin):
       )
 
   @classmethod
-  def active(cls, c) -> bool:
-    return bool(c.spa.enabled)
-
-  @classmethod
   def extra_response_tokens(cls, c) -> int:
     return int(c.spa.extra_new_tokens)
 
