@@ -43,7 +43,7 @@ from empo2_jax.methods.base import (
   register,
   register_plugin,
   response_tokens,
-  sampler_logprobs_serve,
+  sampler_logprobs_blockers,
 )
 
 __all__ = [
@@ -69,5 +69,5 @@ __all__ = [
   "register",
   "register_plugin",
   "response_tokens",
-  "sampler_logprobs_serve",
+  "sampler_logprobs_blockers",
 ]

@@ -303,9 +303,10 @@ def response_tokens(c) -> int:
   return int(c.rollout.max_new_tokens) + sum(int(p.extra_response_tokens(c)) for p in active(c))
 
 
-def sampler_logprobs_serve(c) -> bool:
-  """False when an active method trains tokens the sampler drew otherwise (train/settings.py)."""
-  return all(p.sampler_logprobs for p in active(c))
+def sampler_logprobs_blockers(c) -> list[str]:
+  """The active methods whose trained tokens the sampler drew otherwise (Plugin.sampler_logprobs
+  False): while any is on, the sampler's log-probs cannot serve as old ones (train/settings.py)."""
+  return [p.name for p in active(c) if not p.sampler_logprobs]
 
 
 class Hooks:
@@ -388,6 +389,6 @@ __all__ = [
   "check",
   "active",
   "response_tokens",
-  "sampler_logprobs_serve",
+  "sampler_logprobs_blockers",
   "Hooks",
 ]

@@ -53,9 +53,8 @@ def old_logprobs_source(c) -> tuple[str, str]:
     why = f"compute_dtype={m.compute_dtype} cache_dtype={r.cache_dtype} (measured in float32 only)"
   elif r.temperature <= 0 or r.top_p < 1 or r.top_k > 0:
     why = f"temperature={r.temperature} top_p={r.top_p} top_k={r.top_k}"
-  elif not methods.sampler_logprobs_serve(c):
-    names = [p.name for p in methods.active(c) if not p.sampler_logprobs]
-    why = f"{', '.join(names)} train tokens sampled at other temperatures or prompts"
+  elif blockers := methods.sampler_logprobs_blockers(c):
+    why = f"{', '.join(blockers)} train tokens sampled at other temperatures or prompts"
   else:
     return "sampler", "on-policy iterations take the sampler's log-probs"
   return "recompute", why
