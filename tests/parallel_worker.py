@@ -21,7 +21,8 @@ from jax.experimental import multihost_utils  # noqa: E402
 
 from empo2_jax.model import llama  # noqa: E402
 from empo2_jax.model.configs import LlamaConfig  # noqa: E402
-from empo2_jax.parallel import mesh as pmesh, sharding as shd, train_lm  # noqa: E402
+from empo2_jax.parallel import mesh as pmesh, sharding as shd  # noqa: E402
+from empo2_jax.programs import train_lm  # noqa: E402
 
 CONFIG = LlamaConfig(
   vocab_size=512,

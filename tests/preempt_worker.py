@@ -9,7 +9,6 @@ iterations checkpointed) and, at the end, OUT_DIR/result-<PID>.json.
 
 import json
 import os
-import signal
 import sys
 import time
 
@@ -22,6 +21,7 @@ import ml_collections  # noqa: E402
 import jax  # noqa: E402
 
 from empo2_jax.train.hoststats import PhasePeaks  # noqa: E402
+from empo2_jax.train.run_control import StopSignal  # noqa: E402
 from empo2_jax.train.trainer import Trainer  # noqa: E402
 
 ITERATIONS = 200  # far more than run before the test's SIGTERM
@@ -50,8 +50,9 @@ def stub_trainer(out_dir: str, pid: int) -> Trainer:
     }
   )
   t.iteration, t.preempted, t.episode_log, t.metrics = 0, False, None, _Metrics()
+  t.workdir = out_dir
   t.phase_peaks = PhasePeaks()
-  t._sigterm, t._old_sigterm = False, signal.signal(signal.SIGTERM, t._on_sigterm)
+  t.stop_signal = StopSignal(lambda: t.iteration)  # the real SIGTERM handler
   progress = open(os.path.join(out_dir, f"progress-{pid}"), "a")
   saved = os.path.join(out_dir, f"saved-{pid}")
 
@@ -67,7 +68,7 @@ def stub_trainer(out_dir: str, pid: int) -> Trainer:
     return t.iteration
 
   t.train_iteration, t.save_checkpoint = train_iteration, save_checkpoint
-  t.close = t._restore_sigterm
+  t.close = t.stop_signal.close
   return t
 
 

@@ -25,48 +25,39 @@ def test_summary_and_tables():
     evaluate.summarize("x", "y", [], [])
 
 
-def _fake_trainer(test_rows, repeats, eval_batch, rows_per_iter=2, group_size=2):
-  """What Trainer.eval_episodes reads, with an actor that records each rollout call."""
+def _evaluator(repeats, eval_batch, rows_per_iter=2, group_size=2):
+  """An Evaluator whose actor records each rollout call."""
   import types
 
   import jax
   from configs import sciworld
 
   from empo2_jax.agent.actor import Rollout
+  from empo2_jax.train.evaluate import Evaluator
 
   c = sciworld.get_config("tiny")
   c.train.eval_repeats, c.train.eval_batch = repeats, eval_batch
   c.rollout.rows_per_iter, c.rollout.group_size = rows_per_iter, group_size
-  calls, copies = [], []
+  calls = []
 
   def rollout(params, model_config, specs, *, rng, notes, **kw):
-    assert params == ("params", 1)  # the one copy of the weights, for every part
+    assert params == "params" and model_config == "model"  # one copy of the weights, every part
     calls.append((list(specs), np.asarray(jax.random.key_data(rng)), kw))
     return Rollout([types.SimpleNamespace(spec=s) for s in specs], {})
 
-  fake = types.SimpleNamespace(
-    config=c,
-    test_rows=list(test_rows),
-    rng=jax.random.PRNGKey(7),
-    iteration=3,
-    actor=types.SimpleNamespace(rollout=rollout),
-    hooks=types.SimpleNamespace(eval_notes=lambda specs: None),
-    sampling_params=lambda: copies.append(1) or ("params", len(copies)),
-    model_config="model",
-  )
-  return fake, calls
+  actor = types.SimpleNamespace(rollout=rollout)
+  return Evaluator(c, actor, "model", notes=lambda specs: None), calls
 
 
 def test_evaluation_samples_at_most_eval_batch_episodes_at_once():
   import jax
-  from empo2_jax.train.trainer import Trainer
 
-  fake, calls = _fake_trainer(test_rows=[5, 9, 11], repeats=3, eval_batch=4)
-  episodes = Trainer.eval_episodes(fake, with_memory=False)
-  want = [(fake.config.env.task, v, g) for g, v in enumerate([5, 9, 11]) for _ in range(3)]
+  ev, calls = _evaluator(repeats=3, eval_batch=4)
+  base = jax.random.fold_in(jax.random.PRNGKey(7), 10_000_000 + 3)
+  episodes = ev.episodes("params", base, [5, 9, 11], with_memory=False)
+  want = [(ev.config.env.task, v, g) for g, v in enumerate([5, 9, 11]) for _ in range(3)]
   assert [e.spec for e in episodes] == want  # every episode once, in spec order
   assert [len(specs) for specs, _, _ in calls] == [4, 4, 1]
-  base = jax.random.fold_in(jax.random.PRNGKey(7), 10_000_000 + 3)
   keys = [jax.random.key_data(base)] + [
     jax.random.key_data(jax.random.fold_in(base, k)) for k in (1, 2)
   ]
@@ -77,8 +68,8 @@ def test_evaluation_samples_at_most_eval_batch_episodes_at_once():
 
   # 0: a training rollout's rows x group (2 x 2); an evaluation that fits is one call with the
   # iteration's key, as before the split.
-  fake, calls = _fake_trainer(test_rows=[1, 2], repeats=2, eval_batch=0)
-  assert len(Trainer.eval_episodes(fake, with_memory=True)) == 4
+  ev, calls = _evaluator(repeats=2, eval_batch=0)
+  assert len(ev.episodes("params", base, [1, 2], with_memory=True)) == 4
   assert [len(s) for s, _, _ in calls] == [4]
   np.testing.assert_array_equal(calls[0][1], np.asarray(keys[0]))
   assert calls[0][2]["use_memory"] is True

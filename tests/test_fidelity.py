@@ -22,7 +22,7 @@ from empo2_jax.memory.reflect import TIP_PROMPT, reflection_chat
 from empo2_jax.memory.store import MemoryStore
 from empo2_jax.model.encoder import Encoder
 from empo2_jax import methods
-from empo2_jax.train.trainer import Trainer
+from empo2_jax.train.evaluate import Evaluator
 from tests import baselines_fakes as fakes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,17 +198,8 @@ def test_evaluation_with_memory_falls_back_only_when_the_switch_says_so(switch, 
   c = sciworld.get_config("tiny")
   c.memory.unseen_fallback = switch
   actor = _RecordingActor()
-  fake = types.SimpleNamespace(
-    config=c,
-    test_rows=[0, 1],
-    hooks=types.SimpleNamespace(eval_notes=lambda specs: None),
-    rng=jax.random.PRNGKey(0),
-    iteration=0,
-    sampling_params=lambda: None,
-    actor=actor,
-    model_config=None,
-  )
-  Trainer.eval_episodes(fake, with_memory=True)
+  ev = Evaluator(c, actor, None, notes=lambda specs: None)
+  ev.episodes(None, jax.random.PRNGKey(0), [0, 1], with_memory=True)
   assert [k["memory_fallback"] for k in actor.calls] == [expected]
   assert actor.calls[0]["use_memory"] is True
 

@@ -77,19 +77,12 @@ def test_release_host_memory_reports_resident_size():
 
 
 def test_profile_iteration_writes_a_trace_of_that_iteration_only(tmp_path):
-  import types
+  from empo2_jax.train.run_control import maybe_profile
 
-  import ml_collections
-
-  from empo2_jax.train.trainer import Trainer
-
-  fake = types.SimpleNamespace(
-    config=ml_collections.ConfigDict({"train": {"profile_iteration": 2}}), workdir=str(tmp_path)
-  )
-  with Trainer._maybe_profile(fake, 1):
+  with maybe_profile(str(tmp_path), 1, profile_iteration=2):
     jnp.cos(jnp.ones(3)).block_until_ready()
   assert not (tmp_path / "profile").exists()
-  with Trainer._maybe_profile(fake, 2):
+  with maybe_profile(str(tmp_path), 2, profile_iteration=2):
     jnp.cos(jnp.ones(3)).block_until_ready()
   traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 0

@@ -45,19 +45,23 @@ MODEL = LlamaConfig(
 
 
 def test_trainer_keeps_the_sampler_within_the_tolerance_and_falls_back_past_it():
-  """The trainer's check after an update (Trainer._check_sampler_logp): a first mini-batch whose
-  sampler log-probs differ from the recomputed ones by 10x the measured difference keeps the
-  sampler; past SAMPLER_LOGP_TOL (or NaN) the run falls back to recomputing; an update that
-  recomputed anyway (old_from_sampler 0) never triggers it."""
-  from types import SimpleNamespace
+  """The trainer's check after an update (train/old_logprobs.OldLogprobs.check): a first
+  mini-batch whose sampler log-probs differ from the recomputed ones by 10x the measured
+  difference keeps the sampler; past SAMPLER_LOGP_TOL (or NaN) the run falls back to
+  recomputing; an update that recomputed anyway (old_from_sampler 0) never triggers it."""
+  from configs import sciworld
 
-  from empo2_jax.train.trainer import Trainer
+  from empo2_jax.train import settings
+  from empo2_jax.train.old_logprobs import OldLogprobs
+
+  c = sciworld.get_config("tiny")
+  c.optim.old_logprobs = "sampler"
 
   def fallback(old_from_sampler, maxdiff):
-    t = SimpleNamespace(old_logprobs_fallback=False)
+    source = OldLogprobs(c, settings.update_config(c))
     upd = {"loss/old_from_sampler": old_from_sampler, "loss/sampler_vs_old_logp_maxdiff": maxdiff}
-    Trainer._check_sampler_logp(t, 0, upd)
-    return t.old_logprobs_fallback
+    source.check(0, upd)
+    return source.fallback
 
   assert not fallback(1.0, MEASURED_MAX_ABSDIFF * 10)
   assert not fallback(1.0, SAMPLER_LOGP_TOL)

@@ -5,7 +5,10 @@ update, log.
     trainer.run()            # config.train.iterations iterations, eval every eval_every
 
 Everything with side effects (env processes, files, the JVMs) lives here and in the actor; the
-update, losses and advantages are the pure kernels of empo2_jax.rl.
+update, losses and advantages are the pure kernels of empo2_jax.rl. Beside the algorithm:
+evaluation (train/evaluate.py), preemption and profiling (train/run_control.py), the old
+log-probs' source (train/old_logprobs.py), checkpoints (train/checkpoint.py), a non-finite
+update's report (train/faults.py).
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import threading
 import time
 from typing import Optional
 
@@ -23,7 +24,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from empo2_jax import methods, remote
+from empo2_jax import methods
 from empo2_jax.agent import hosts
 from empo2_jax.agent.actor import Actor, Memory, Rollout
 from empo2_jax.rl import advantages as adv_lib
@@ -41,7 +42,10 @@ from empo2_jax.train.hoststats import (
   release_host_memory,
 )
 from empo2_jax.train.faults import NonFiniteError
-from empo2_jax.train.metrics import MetricsWriter, episode_summary, is_remote, pass_at_k
+from empo2_jax.train.evaluate import Evaluator, eval_metrics
+from empo2_jax.train.metrics import MetricsWriter, episode_summary, is_remote
+from empo2_jax.train.old_logprobs import OldLogprobs
+from empo2_jax.train.run_control import StopSignal, maybe_profile
 
 log = logging.getLogger("empo2_jax")
 
@@ -86,12 +90,8 @@ class Trainer:
     self.tokenizer = build.tokenizer(c)
     self.mesh = build.mesh(c)
     self.update_cfg = settings.update_config(c)
-    source, why = settings.old_logprobs_source(c)
-    if c.optim.old_logprobs == "sampler" and source != "sampler":
-      log.info("optim.old_logprobs=sampler not applicable (%s): recomputing old log-probs", why)
-    # Set when an iteration's sampler log-probs disagreed with the recomputed ones by more than
-    # rl/update.SAMPLER_LOGP_TOL: the rest of the run (this process) recomputes them.
-    self.old_logprobs_fallback = False
+    # The sampler's log-probs as old ones, where they serve (train/old_logprobs.py).
+    self.old_logprobs = OldLogprobs(c, self.update_cfg)
     self.batch_cfg = settings.batch_config(c, self.tokenizer.pad_token_id)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     # optim.update_shapes="grow": the largest update shape so far (checkpointed; see defaults.py)
@@ -161,12 +161,11 @@ class Trainer:
       from empo2_jax.data.trajectories import EpisodeLog
 
       self.episode_log = EpisodeLog(os.path.join(workdir, "episodes"))
+    self.evaluator = Evaluator(c, self.actor, self.model_config, notes=self.hooks.eval_notes)
     self.preempted = False
     self.state_is_bad = False  # a non-finite update: nothing saves this state
-    self._sigterm = False
-    self._old_sigterm = None
-    if threading.current_thread() is threading.main_thread():
-      self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+    # SIGTERM (a preemption notice): checkpoint after the iteration in progress, then stop.
+    self.stop_signal = StopSignal(lambda: self.iteration)
 
   # ------------------------------------------------------------------------------------------
   def _init_state(self, params):
@@ -234,26 +233,6 @@ class Trainer:
     except OSError as e:
       raise faults.write_error(self, f"the metrics up to iteration {self.iteration}", e) from e
     return ckpt_lib.save_trainer(self.checkpointer, self, wait=wait)
-
-  def _on_sigterm(self, signum, frame) -> None:
-    del signum, frame
-    log.warning("SIGTERM: checkpointing after iteration %d, then exiting", self.iteration + 1)
-    self._sigterm = True
-
-  def _stop_requested(self) -> bool:
-    """Whether to checkpoint and stop after this iteration: SIGTERM reached ANY host. Every host
-    calls this once per iteration (a collective: the flags are OR-ed across hosts), so on a pod
-    all hosts checkpoint the same iteration and exit together instead of one host leaving the
-    others hanging in the next collective."""
-    if jax.process_count() == 1:
-      return self._sigterm
-    from jax.experimental import multihost_utils
-
-    flags = multihost_utils.process_allgather(np.array([self._sigterm], np.int32))
-    stop = bool(np.asarray(flags).any())
-    if stop and not self._sigterm:
-      log.warning("SIGTERM on another host: checkpointing after iteration %d", self.iteration)
-    return stop
 
   def rows_for_iteration(self) -> list[int]:
     """rows_per_iter train rows, walking a per-epoch permutation of the training rows."""
@@ -433,7 +412,7 @@ class Trainer:
       from empo2_jax.parallel import sharding as shd
 
       batch = shd.shard_batch(batch, self.mesh)
-    from_sampler = self._old_from_sampler(mode, batch)
+    from_sampler = self.old_logprobs.from_sampler(mode, batch)
     self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
     upd = jax.device_get(upd)
     self.last_per_sample = upd.pop("per_sample")  # per turn sample: train/view_metrics.py
@@ -444,7 +423,7 @@ class Trainer:
         f"steps for {layout['num_minibatches']} mini-batches x "
         f"{c.optim.epochs} epochs"
       )
-    self._check_sampler_logp(self.iteration, upd)
+    self.old_logprobs.check(self.iteration, upd)
     return upd
 
   def _stop_if_nonfinite(self, mode: str, upd: dict, info: dict, advantages) -> None:
@@ -490,79 +469,19 @@ class Trainer:
       "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
     }
 
-  def _old_from_sampler(self, mode: str, batch: dict) -> np.bool_:
-    """The update's old_from_sampler flag for this iteration (train/settings.py)."""
-    ok = self.update_cfg.old_logprobs == "sampler" and not self.old_logprobs_fallback
-    ok = ok and settings.old_logprobs_from_sampler(mode, self.config.empo2.ratio_variant, batch)
-    return np.bool_(ok)
-
-  def _check_sampler_logp(self, it: int, upd: dict) -> None:
-    """After an update that took the sampler's log-probs as old log-probs: if its first
-    mini-batch's recomputed log-probs (loss/sampler_vs_old_logp_maxdiff) differ from them by more
-    than rl/update.SAMPLER_LOGP_TOL, warn and recompute old log-probs for the rest of the run.
-    The update already taken stands: its first step's ratio was off by at most that difference,
-    which PPO's clipping bounds."""
-    diff = upd.get("loss/sampler_vs_old_logp_maxdiff", 0.0)
-    if upd.get("loss/old_from_sampler") and not diff <= update_lib.SAMPLER_LOGP_TOL:
-      log.warning(
-        "iteration %d: sampler log-probs differ from the recomputed ones by up to %.3g nats "
-        "(tolerance %.3g): recomputing old log-probs from now on",
-        it + 1,
-        diff,
-        update_lib.SAMPLER_LOGP_TOL,
-      )
-      self.old_logprobs_fallback = True
-
-  def eval_episodes(self, with_memory: bool = False):
-    """Test variations x eval_repeats at eval_temperature; WITHOUT memory unless asked
-    (docs/method.md §1). Memory is read, never written, during evaluation."""
-    c = self.config
-    specs = [
-      (c.env.task, v, g) for g, v in enumerate(self.test_rows) for _ in range(c.train.eval_repeats)
-    ]
-    notes = self.hooks.eval_notes(specs)
+  def eval_episodes(self, with_memory: bool = False) -> list:
+    """The test rows' episodes of the current policy (train/evaluate.Evaluator), drawn with the
+    iteration's evaluation key."""
     rng = jax.random.fold_in(self.rng, 10_000_000 + self.iteration)
-    # At most eval_batch episodes at once (0: a training rollout's rows x group), so evaluating
-    # many test variations never needs more sampler memory (KV cache) than training does. The
-    # first part draws with `rng` itself: an evaluation that fits in one part is unchanged.
-    size = c.train.eval_batch or c.rollout.rows_per_iter * c.rollout.group_size
-    params = self.sampling_params()  # multi-host: one copy for every part
-    episodes = []
-    for k, start in enumerate(range(0, len(specs), size)):
-      part = slice(start, start + size)
-      episodes += self.actor.rollout(
-        params,
-        self.model_config,
-        specs[part],
-        use_memory=with_memory,
-        temperature=c.train.eval_temperature,
-        rng=rng if k == 0 else jax.random.fold_in(rng, k),
-        mode="eval",
-        notes=None if notes is None else notes[part],
-        # test variations have no slot: they read the task's slots only where asked
-        memory_fallback=c.memory.unseen_fallback == "task",
-      ).episodes
-    return episodes
+    return self.evaluator.episodes(self.sampling_params(), rng, self.test_rows, with_memory)
 
   def evaluate(self, with_memory: bool = False) -> dict:
-    """The evaluation metrics (eval/..., eval_mem/... with memory): `episode_summary` of the test
-    episodes, Pass@1 and Pass@k."""
+    """The evaluation metrics (train/evaluate.eval_metrics) and their time."""
     t0 = time.perf_counter()
     with self.phase_peaks.phase("eval"):
       episodes = self.eval_episodes(with_memory)
-    summary = episode_summary(episodes)
-    ok = [e for e in episodes if not e.env_failed]
     tag = "eval_mem" if with_memory else "eval"
-    # Pass@1 and Pass@k over the eval_repeats episodes of each test row (SPA's es_manager:
-    # pass@k = any success in the group, averaged over the groups; train/metrics.py).
-    pass1, passk, k = pass_at_k([e.group_id for e in ok], [e.success for e in ok])
-    return {
-      **{f"{tag}/{name}": v for name, v in summary.items()},
-      f"{tag}/pass@1": pass1,
-      f"{tag}/pass@k": passk,
-      f"{tag}/k": k,
-      f"time/{tag}": time.perf_counter() - t0,
-    }
+    return {**eval_metrics(episodes, with_memory), f"time/{tag}": time.perf_counter() - t0}
 
   def run(self, iterations: Optional[int] = None) -> list[dict]:
     c = self.config
@@ -574,7 +493,7 @@ class Trainer:
       while self.iteration < total:
         t0 = time.perf_counter()
         compiles0, compile_s0 = CompileCounter.totals()
-        with self._maybe_profile(self.iteration + 1):
+        with maybe_profile(self.workdir, self.iteration + 1, c.train.profile_iteration):
           m = self.train_iteration()
         self.iteration += 1
         every = c.train.eval_every
@@ -601,7 +520,7 @@ class Trainer:
             what = f"the metrics and episodes of iteration {self.iteration}"
             raise faults.write_error(self, what, e) from e
         history.append(m)
-        stop = self._stop_requested()  # multi-host: every host the same answer, same iteration
+        stop = self.stop_signal.requested()  # multi-host: every host the same answer
         if stop or last or (every_ckpt and self.iteration % every_ckpt == 0):
           self.save_checkpoint(wait=stop)
         if stop:
@@ -613,39 +532,18 @@ class Trainer:
       self.close()
     return history
 
-  def _maybe_profile(self, iteration: int):
-    """A jax.profiler trace (TensorBoard / Perfetto) of iteration train.profile_iteration."""
-    if iteration != self.config.train.profile_iteration or jax.process_index() != 0:
-      return contextlib.nullcontext()
-    path = os.path.join(self.workdir, "profile")
-    logging.info("profiling iteration %d into %s", iteration, path)
-    return _trace(path)
-
   def close(self) -> None:
     """Close everything, then raise the first error (CheckpointSaveError: the last async save
     failed)."""
     errors = []
-    for fn in (self.checkpointer.close, self._restore_sigterm, self.metrics.close, self.pool.close):
+    closers = (self.checkpointer.close, self.stop_signal.close, self.metrics.close, self.pool.close)
+    for fn in closers:
       try:
         fn()  # checkpointer.close waits for an async save in flight
       except Exception as e:  # noqa: BLE001 - close the rest first
         errors.append(e)
     if errors:
       raise errors[0]
-
-  def _restore_sigterm(self) -> None:
-    if self._old_sigterm is not None:
-      signal.signal(signal.SIGTERM, self._old_sigterm)
-      self._old_sigterm = None
-
-
-@contextlib.contextmanager
-def _trace(path):
-  """jax.profiler.trace into `path`. A gs:// path gets a local trace, uploaded when the block
-  ends (remote.writable_dir): the profiler's own GCS writer is not etils/gcsfs (its own client
-  and credentials, no emulator)."""
-  with remote.writable_dir(path) as local, jax.profiler.trace(local):
-    yield
 
 
 __all__ = ["Trainer", "draw_mode", "NonFiniteError"]
