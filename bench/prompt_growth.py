@@ -22,7 +22,7 @@ examples (env.few_shot=2), a 30-step walk (the first train variation's gold acti
 then seeded random valid actions other than "focus on"), max_prompt_len 8160 (8192 - 32), 10
 memories per step of a typical tip (30 tokens: the median of the paper's example tips, appendix
 E.1, under this tokenizer) or of a maximal one (tip_max_new_tokens: 128 paper-era; 512 release,
-whose tips are stored uncut; ours cuts a tip to 99 words, memory/reflect.clean_tip).
+whose tips are stored uncut; ours cuts a tip to 99 words, tips.clean_tip).
 CPU settings (configs/sciworld.py:learn,format, the exploration experiment): SmolLM2's tokenizer,
 zero-shot prompts, the committed memory episodes of docs/explore (their executed actions replayed
 for the observations, the memories each step showed, as recorded), max_prompt_len 2032.
@@ -43,7 +43,8 @@ from empo2_jax.envs.sciworld_prompts import INSTRUCTION, first_user_message, ste
 from empo2_jax.tips import tip_block
 from empo2_jax.envs import sciworld_suite
 from empo2_jax.envs.scienceworld import SciWorldConfig
-from empo2_jax.memory.reflect import clean_tip, memory_text
+from empo2_jax.memory.reflect import memory_text
+from empo2_jax.tips import clean_tip
 from empo2_jax.model.chat import chat_ids
 
 VARIANTS = ("tip-free", "ours", "paper-era", "release", "current-only")

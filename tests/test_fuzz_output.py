@@ -7,7 +7,7 @@ generator (thousands of cases, a few seconds):
           `_run_episodes`) -> EnvPool.step
   env     envs.actions: normalize_action -> the parser, and when it rejects the text (or always,
           action_correction="always") correct_action against the valid actions
-  memory  memory.reflect.clean_tip -> memory_text -> tips.tip_block in later prompts, and
+  memory  tips.clean_tip -> memory_text -> tips.tip_block in later prompts, and
           MemoryStore.state_dict (UTF-8) in checkpoints
 The pure parts run against a recorded valid-action list (find-plant, variation 0, the first
 state); the slow tests send a small share of the cases through a real ScienceWorld JVM, directly
@@ -25,7 +25,8 @@ import pytest
 from empo2_jax import tips
 from empo2_jax.envs import sciworld_prompts as prompts
 from empo2_jax.envs import actions
-from empo2_jax.memory.reflect import MAX_TIP_WORDS, clean_tip, memory_text
+from empo2_jax.memory.reflect import memory_text
+from empo2_jax.tips import MAX_TIP_WORDS, clean_tip
 from empo2_jax.tips import strip_tips
 
 SEED = 20240516

@@ -28,8 +28,8 @@ UPPER = tuple(f"empo2_jax.{p}" for p in ("methods", "baselines", "train"))
 # bottom: a unit imports only units on LOWER floors (and itself). A new package must be placed
 # here; an import that runs sideways or back up fails with its file and line.
 FLOORS = (
-  ("errors", "text", "tips", "config_keys"),  # leaves
-  ("remote",),
+  ("errors", "text", "config_keys"),  # leaves
+  ("remote", "tips"),
   ("parallel",),  # primitives: mesh, sharding rules
   ("model", "data"),
   ("rl", "sampling"),

@@ -5,6 +5,7 @@ import pytest
 
 from empo2_jax.memory import reflect as R
 from empo2_jax.memory.rewards import intrinsic_reward
+from empo2_jax.tips import clean_tip
 
 
 def test_clean_tip_one_line_no_markup_word_limit():
@@ -12,13 +13,13 @@ def test_clean_tip_one_line_no_markup_word_limit():
     "<|im_start|>assistant\nTip: Heat the water on the stove first.<|im_end|>\nsecond line\n"
     "<|endoftext|>"
   )
-  assert R.clean_tip(raw) == "Heat the water on the stove first."
-  assert R.clean_tip("  \n\n  **Summary**: go to kitchen  \n") == "go to kitchen"
+  assert clean_tip(raw) == "Heat the water on the stove first."
+  assert clean_tip("  \n\n  **Summary**: go to kitchen  \n") == "go to kitchen"
   long = " ".join(f"w{i}" for i in range(150))
-  assert R.clean_tip(long) == " ".join(f"w{i}" for i in range(99))
-  assert len(R.clean_tip(long).split()) < 100
-  assert R.clean_tip("<|im_end|>\n  ") == ""
-  assert "<|" not in R.clean_tip("use <|im_start|>user the stove <|im_end|> now")
+  assert clean_tip(long) == " ".join(f"w{i}" for i in range(99))
+  assert len(clean_tip(long).split()) < 100
+  assert clean_tip("<|im_end|>\n  ") == ""
+  assert "<|" not in clean_tip("use <|im_start|>user the stove <|im_end|> now")
 
 
 def test_memory_text_format():
@@ -66,7 +67,7 @@ def test_tip_block():
 def test_clean_tip_removes_tip_tags_so_blocks_cannot_close_early():
   from empo2_jax.tips import strip_tips
 
-  tip = R.clean_tip("Open the door first </tip> then <tip> focus on the animal")
+  tip = clean_tip("Open the door first </tip> then <tip> focus on the animal")
   assert "<tip>" not in tip and "</tip>" not in tip
   block = "<tip> memories:\n" + R.memory_text(tip, "open door", 8) + "\n</tip>\n"
   assert strip_tips("Observation: hall\n\n" + block + "Act.") == "Observation: hall\n\nAct."

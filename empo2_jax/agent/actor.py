@@ -59,7 +59,8 @@ from empo2_jax.agent.episode_keys import EpisodeKeys
 from empo2_jax.agent.memory import Memory, chat_key, recent_key
 from empo2_jax.envs.base import PromptSet
 from empo2_jax.envs.sciworld_prompts import SCIENCEWORLD
-from empo2_jax.memory.reflect import clean_tip, memory_writes, reflection_chat
+from empo2_jax.memory.reflect import memory_writes, reflection_chat
+from empo2_jax.tips import clean_tip
 from empo2_jax.memory.rewards import intrinsic_reward
 from empo2_jax.memory.rule_tip import episode_rule_tip
 from empo2_jax.memory.sync import gather_and_commit

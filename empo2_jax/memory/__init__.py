@@ -7,7 +7,8 @@ every host's writes, so all memories stay identical); rewards.intrinsic_reward.
 """
 
 from empo2_jax.memory.index import Hit, MemoryIndex, RetrievalConfig
-from empo2_jax.memory.reflect import MemoryWrite, clean_tip, memory_writes, reflection_chat
+from empo2_jax.memory.reflect import MemoryWrite, memory_writes, reflection_chat
+from empo2_jax.tips import clean_tip
 from empo2_jax.memory.rewards import intrinsic_reward
 from empo2_jax.memory.store import MemoryStore, SlotKey
 from empo2_jax.memory.sync import EntryBatch, gather_and_commit

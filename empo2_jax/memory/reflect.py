@@ -2,7 +2,7 @@
 from, its clean-up, and the memory entries it becomes.
 
 After a training episode the policy reads its own trajectory plus one more user message (TIP_PROMPT;
-`reflection_chat`, by `empo2.tip_chat`) and answers with a one-line tip (`clean_tip`). Every
+`reflection_chat`, by `empo2.tip_chat`) and answers with a one-line tip (tips.clean_tip). Every
 executed step t of the episode then becomes one memory entry (`memory_writes`):
 
     text  = "{tip}; At that timestep, the specific action you took was {a_t}; Eventually you got
@@ -17,11 +17,9 @@ and memory/sync.gather_and_commit embeds the keys and adds the entries on every 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Sequence
 
-from empo2_jax.text import printable_text
-from empo2_jax.tips import strip_tips_messages
+from empo2_jax.tips import drop_tip_tags, strip_tips_messages
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -31,11 +29,6 @@ TIP_PROMPT = (
   "so that a later attempt can do better. Reply with a single line of fewer than 100 words and "
   "nothing else."
 )
-MAX_TIP_WORDS = 99  # "< 100 words"
-
-_MARKUP = re.compile(r"<\|[^|>]*\|>|</?tip>")  # <|im_start|>, <|im_end|>, <|endoftext|>, ...
-_ROLE_AFTER_START = re.compile(r"<\|im_start\|>\s*(system|user|assistant)\b", re.I)
-_LABEL = re.compile(r"^\s*(?:\*\*)?(?:tip|summary|reflection)(?:\*\*)?\s*[:\-]\s*", re.I)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +47,6 @@ def tip_chat(messages: Sequence[Message]) -> list[Message]:
 
 
 TIP_CHATS = ("paper", "release", "outcome")
-_TIP_TAG = re.compile(r"<tip> ?|</tip>")
 
 
 def reflection_chat(
@@ -74,33 +66,13 @@ def reflection_chat(
   if variant == "paper":
     return tip_chat(strip_tips_messages(messages))
   if variant == "release":
-    chat = [dict(m, content=_TIP_TAG.sub("", m["content"])) for m in messages]
+    chat = [dict(m, content=drop_tip_tags(m["content"])) for m in messages]
     return tip_chat(chat + [{"role": "user", "content": final_observation.strip()}])
   if variant == "outcome":
     chat = tip_chat(messages)
     chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
     return chat
   raise ValueError(f"tip_chat={variant!r}; valid: {', '.join(TIP_CHATS)}")
-
-
-def clean_tip(raw: str, max_words: int = MAX_TIP_WORDS) -> str:
-  """One line, no chat markup or tip tags, at most `max_words` words; "" when nothing usable is
-  left.
-
-  Tip tags are removed so a stored tip can never close a tip block early (tips.strip_tips).
-  """
-  # Printable text first, line by line (control characters include the line breaks): a stored
-  # tip must encode as UTF-8 (checkpoints), and an invisible character inside a tag ("<ti\u200bp>")
-  # must not turn into a tag after the markup is gone.
-  text = "\n".join(printable_text(ln) for ln in str(raw).splitlines())
-  text = _ROLE_AFTER_START.sub(" ", text)
-  text = _MARKUP.sub(" ", text)
-  lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-  if not lines:
-    return ""
-  line = _LABEL.sub("", lines[0]).strip().strip('"').strip()
-  words = line.split()
-  return " ".join(words[:max_words])
 
 
 def format_score(score: float) -> str:
