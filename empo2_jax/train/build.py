@@ -198,6 +198,31 @@ def mesh(c):
   return mesh_lib.make_mesh(dict(c.mesh))
 
 
+def train_state(model_config, update_cfg, optimizer, params, mesh):
+  """(train state, jitted update) of the policy `params`; on a multi-device mesh both follow the
+  sharding rules (params, AdamW moments: fsdp/tensor by regex; batches over data x fsdp)."""
+  from empo2_jax.rl import update as update_lib
+
+  def init(p):
+    return update_lib.init_train_state(p, optimizer)
+
+  if mesh is None:
+    return init(params), update_lib.make_update_fn(model_config, update_cfg, optimizer)
+  from empo2_jax.parallel import sharding as shd
+
+  params = shd.shard_tree(params, mesh)
+  state_sh = shd.tree_shardings(jax.eval_shape(init, params), mesh)
+  state = jax.jit(init, out_shardings=state_sh)(params)
+  update = update_lib.make_update_fn(
+    model_config,
+    update_cfg,
+    optimizer,
+    batch_sharding=shd.batch_sharding(mesh),
+    state_sharding=state_sh,
+  )
+  return state, update
+
+
 def suite(c):
   """The EnvSuite of config.env.name (envs/registry.py)."""
   from empo2_jax.envs import registry

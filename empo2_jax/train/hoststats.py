@@ -199,3 +199,18 @@ def children_rss_gib(pid: int | None = None) -> float:
     except (OSError, ValueError, IndexError):  # exited meanwhile
       pass
   return total * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def iteration_host_metrics(phase_peaks: PhasePeaks, compiles0: int, compile_s0: float) -> dict:
+  """An iteration's host figures: backend compiles and their seconds since the totals
+  (compiles0, compile_s0) read at its start, this process's RSS after handing freed memory back,
+  its peak, the env processes' RSS, and the peak of each phase (host/peak_rss_gib/<phase>)."""
+  compiles, compile_s = CompileCounter.totals()
+  return {
+    "host/compiles": compiles - compiles0,
+    "host/compile_s": compile_s - compile_s0,
+    "host/rss_gib": release_host_memory(),
+    "host/peak_rss_gib": peak_rss_gib(),  # this process; the env processes: below
+    "host/children_rss_gib": children_rss_gib(),
+    **phase_peaks.pop(),  # where the peak is
+  }

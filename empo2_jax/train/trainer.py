@@ -37,8 +37,7 @@ from empo2_jax.train import faults, settings, view_metrics
 from empo2_jax.train.hoststats import (
   CompileCounter,
   PhasePeaks,
-  children_rss_gib,
-  peak_rss_gib,
+  iteration_host_metrics,
   release_host_memory,
 )
 from empo2_jax.train.faults import NonFiniteError
@@ -96,7 +95,9 @@ class Trainer:
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     # optim.update_shapes="grow": the largest update shape so far (checkpointed; see defaults.py)
     self.update_floor = dict.fromkeys(UPDATE_FLOOR_KEYS, 0)
-    self.state, self._update = self._init_state(params)
+    self.state, self._update = build.train_state(
+      self.model_config, self.update_cfg, self.optimizer, params, self.mesh
+    )
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
     # Loading the weights leaves freed host copies (the file's dtype, the conversion) in glibc's
     # heap: hand them back now, or they sit under every later peak (0.57 GiB for SmolLM2).
@@ -168,31 +169,6 @@ class Trainer:
     self.stop_signal = StopSignal(lambda: self.iteration)
 
   # ------------------------------------------------------------------------------------------
-  def _init_state(self, params):
-    """Train state and jitted update; on a multi-device mesh both follow the sharding rules
-    (params, AdamW moments: fsdp/tensor by regex; batches over data x fsdp)."""
-
-    def init(p):
-      return update_lib.init_train_state(p, self.optimizer)
-
-    if self.mesh is None:
-      return init(params), update_lib.make_update_fn(
-        self.model_config, self.update_cfg, self.optimizer
-      )
-    from empo2_jax.parallel import sharding as shd
-
-    params = shd.shard_tree(params, self.mesh)
-    state_sh = shd.tree_shardings(jax.eval_shape(init, params), self.mesh)
-    state = jax.jit(init, out_shardings=state_sh)(params)
-    update = update_lib.make_update_fn(
-      self.model_config,
-      self.update_cfg,
-      self.optimizer,
-      batch_sharding=shd.batch_sharding(self.mesh),
-      state_sharding=state_sh,
-    )
-    return state, update
-
   def set_memory_store(self, store) -> None:
     """Swap in a restored memory; the index is rebuilt (its caches belong to the old store)."""
     from empo2_jax.memory.index import MemoryIndex
@@ -503,13 +479,7 @@ class Trainer:
           if c.train.eval_with_memory:
             m.update(self.evaluate(True))
         m["time/iteration"] = time.perf_counter() - t0
-        compiles, compile_s = CompileCounter.totals()
-        m["host/compiles"] = compiles - compiles0
-        m["host/compile_s"] = compile_s - compile_s0
-        m["host/rss_gib"] = release_host_memory()
-        m["host/peak_rss_gib"] = peak_rss_gib()  # this process; the env processes: below
-        m["host/children_rss_gib"] = children_rss_gib()
-        m.update(self.phase_peaks.pop())  # host/peak_rss_gib/<phase>: where the peak is
+        m.update(iteration_host_metrics(self.phase_peaks, compiles0, compile_s0))
         # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
         if jax.process_index() == 0:
           try:
