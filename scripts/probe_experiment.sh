@@ -36,6 +36,9 @@
 #      B  A without the mask (loss.low_prob_mask=False)
 #      C  B with ratio_variant=release (the old log-prob on the tips view)
 #      D  empo2.force_mode=on (on-policy, no tips shown: any update, no distillation)
+#      E  C with the release's length check (optim.prompt_len_check=tip_free: only the tip-free
+#         view is measured against max_prompt_len, the tips view is kept whole), added after C
+#         lost 90% of its samples to the length check (docs/results.md); not in ARMS by default
 # 5. score: launch/probe.py on the start (the SFT checkpoint) and on every arm's last checkpoint.
 # 6. evals: every arm's last checkpoint WITHOUT memory on the probe variations (launch/eval.py
 #    --split=dev, the same PROBE_ROWS variations, one episode each, temperature 0.4), and the start.
@@ -71,7 +74,8 @@ arm_flags() {
     B) echo "--config.empo2.force_mode=off --config.loss.low_prob_mask=False" ;;
     C) echo "--config.empo2.force_mode=off --config.loss.low_prob_mask=False --config.empo2.ratio_variant=release" ;;
     D) echo "--config.empo2.force_mode=on" ;;
-    *) echo "unknown arm $1 (valid: A B C D)" >&2; return 1 ;;
+    E) echo "--config.empo2.force_mode=off --config.loss.low_prob_mask=False --config.empo2.ratio_variant=release --config.optim.prompt_len_check=tip_free" ;;
+    *) echo "unknown arm $1 (valid: A B C D E)" >&2; return 1 ;;
   esac
 }
 
