@@ -1,5 +1,8 @@
-"""The jitted update vs a plain full-logits reference; learning direction; 8 devices == 1 device."""
+"""The jitted update vs a plain full-logits reference; learning direction; 8 devices == 1 device;
+the update's pieces (rl/update_steps.py) one by one."""
 
+import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -12,6 +15,7 @@ import optax
 import pytest
 
 from empo2_jax.model import llama
+from empo2_jax.rl import update_steps as steps
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.update import (
   init_train_state,
@@ -250,3 +254,143 @@ def test_update_on_8_devices_matches_one_device(remat):
   d, dm, moved = map(float, line.split()[1:])
   assert moved > 1e-4  # the update changed the params, so agreement is not trivial
   assert d < 1e-5 and dm < 1e-4, line
+
+
+DIFF_KEYS = ("_diff_sum", "_diff_n", "_diff_max")  # the first step's |logp - old| sums
+STEP_CFG = update_config(
+  lr=1e-3, minibatch_size=4, micro_rows=2, vocab_chunk=100, loss=loss_config(low_prob_mask=False)
+)
+
+
+def slots(params, batch, cfg=STEP_CFG, model=MODEL):
+  """make_batch rows through the update's first pieces: (chunks, has_tokens_c, old log-probs
+  [n_chunks, mb, 1, R], data [n_slots, n_micro, mb, ...], has_samples_s)."""
+  packed = steps.as_packed(jax.tree.map(jnp.asarray, batch))
+  ch, n_slots = steps.chunk_batch(packed, cfg)
+  keep = jnp.any(ch["response_mask"] > 0, axis=(1, 2, 3))
+  sampler = jnp.where(packed["response_mask"] > 0, packed["sampler_logp"], 0.0)
+  old, use = steps.old_logprobs(params, ch, sampler, keep, model_config=model, cfg=cfg)
+  mask, _, _, _ = steps.old_view_stats(
+    packed["response_mask"], steps.from_chunks(old), sampler, use, cfg.loss
+  )
+  data, has = steps.minibatch_data(ch, old, mask, keep, n_slots, model_config=model, cfg=cfg)
+  return ch, keep, old, data, has
+
+
+def test_chunks_and_old_logprobs_of_the_pieces():
+  """chunk_batch's strided layout, no_grad_logprobs == the full-logits reference (zeros on a chunk
+  left out), and old_logprobs taking the sampler's or recomputing by the dynamic flag."""
+  params = llama.init_params(MODEL, jax.random.PRNGKey(0))
+  batch = make_batch(0)
+  ch, keep, old, data, has = slots(params, batch)
+  assert ch["cur_tokens"].shape == (4, 2, P + R) and ch["cur_starts"].shape == (4, 2, 1)
+  np.testing.assert_array_equal(ch["cur_tokens"][1, 1], batch["cur_tokens"][5])  # b % 4 == 1
+  np.testing.assert_array_equal(steps.from_chunks(ch["old_attn"]), batch["old_attn"])
+  assert data["mask"].shape == (2, 2, 2, 1, R) and np.asarray(has).tolist() == [True, True]
+  m = batch["response_mask"] > 0
+  want = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
+  np.testing.assert_allclose(np.asarray(steps.from_chunks(old))[:, 0][m], want[m], atol=1e-5)
+  part = steps.no_grad_logprobs(
+    params,
+    ch["old_tokens"],
+    ch["old_attn"],
+    ch["old_starts"],
+    R,
+    keep.at[1].set(False),
+    model_config=MODEL,
+    cfg=STEP_CFG,
+  )
+  np.testing.assert_array_equal(part[1], 0.0)
+  np.testing.assert_allclose(part[0], old[0], atol=1e-6)
+  sampler = jnp.where(m, batch["sampler_logp"], 0.0)[:, None]
+  smp_cfg = dataclasses.replace(STEP_CFG, old_logprobs="sampler")
+  for flag in (None, True, False):
+    got, use = steps.old_logprobs(params, ch, sampler, keep, flag, model_config=MODEL, cfg=smp_cfg)
+    assert bool(use) == (flag is not False)
+    np.testing.assert_allclose(
+      steps.from_chunks(got), sampler if bool(use) else steps.from_chunks(old), atol=1e-6
+    )
+  with pytest.raises(ValueError, match="slot"):
+    steps.chunk_batch(steps.as_packed(batch), update_config(minibatch_size=6, micro_rows=2))
+
+
+@pytest.mark.parametrize("fuse", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_micro_batch_gradients_add_up_to_the_minibatch_step(fuse):
+  """micro_batch_grads over a slot's two micro-batches == the gradient of minibatch_loss on the
+  slot as one micro-batch (fused or not), and minibatch_step is one optimizer step with it."""
+  model = dataclasses.replace(MODEL, remat="full")  # scanned layers + full remat: fusable
+  params = llama.init_params(model, jax.random.PRNGKey(1))
+  _, _, _, data, _ = slots(params, make_batch(1), model=model)
+  d = jax.tree.map(lambda x: x[0], data)  # slot 0: leaves [n_micro, mb, ...]
+  token_denom = jnp.sum(d["mask"])
+  seq_denom = jnp.sum(jnp.any(d["mask"] > 0, axis=-1))
+  settings = {"model_config": model, "cfg": STEP_CFG}
+
+  @jax.jit
+  def accumulated(params, d):
+    grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    for j in range(2):
+      dj = jax.tree.map(lambda x: x[j], d)
+      grads, _ = steps.micro_batch_grads(
+        params, dj, grads, token_denom, seq_denom, fuse=fuse, **settings
+      )
+    return grads
+
+  whole = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), d)  # the slot's 4 rows at once
+  loss = functools.partial(steps.minibatch_loss, **settings)
+  (_, met), want = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+    params, whole, token_denom, seq_denom
+  )
+  got = accumulated(params, d)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert float(optax.global_norm(want)) > 0 and set(DIFF_KEYS) <= set(met)
+
+  opt = optax.sgd(0.05)  # Adam's g / (|g| + eps) would amplify rounding in near-zero gradients
+  state = init_train_state(params, opt)
+  step = jax.jit(functools.partial(steps.minibatch_step, optimizer=opt, fuse=fuse, **settings))
+  new, met = step(state, d)
+  assert isinstance(new, type(state)) and int(new.step) == 1
+  updates, _ = opt.update(want, state.opt_state, params)
+  for a, b in zip(
+    jax.tree.leaves(new.params), jax.tree.leaves(optax.apply_updates(params, updates))
+  ):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(met["grad_norm"], optax.global_norm(want), rtol=1e-5)
+  np.testing.assert_allclose(met["update_norm"], optax.global_norm(updates), rtol=1e-5)
+
+
+def test_epochs_step_only_the_slots_with_samples_and_metrics_average_them():
+  """run_epochs: epochs x (slots with samples) optimizer steps, the first step's _diff_ sums kept
+  apart; finish_metrics averages over those steps (ratio_max: the max) and picks the
+  sampler-vs-old figures by use_sampler."""
+  params = llama.init_params(MODEL, jax.random.PRNGKey(2))
+  _, _, _, data, _ = slots(params, make_batch(2))
+  cfg = dataclasses.replace(STEP_CFG, epochs=2)
+  opt = make_optimizer(cfg)
+  run = jax.jit(
+    functools.partial(steps.run_epochs, model_config=MODEL, cfg=cfg, optimizer=opt, fuse=False)
+  )
+  state, met_sum, first = run(init_train_state(params, opt), data, jnp.array([True, False]))
+  assert int(state.step) == 2 and set(first) == set(DIFF_KEYS)
+  assert not set(met_sum) & set(DIFF_KEYS) and {"grad_norm", "update_norm"} <= set(met_sum)
+
+  met_sum = {"loss": jnp.float32(6.0), "ratio_max": jnp.float32(1.5)}
+  first = {"_diff_sum": jnp.float32(2.0), "_diff_n": jnp.float32(4.0), "_diff_max": 0.75}
+  diff = jnp.array([[[0.1, 0.3]]])
+  for use, absdiff, maxdiff in ((False, 0.2, 0.3), (True, 0.5, 0.75)):
+    met = steps.finish_metrics(
+      met_sum, first, {"n_tokens": 2.0}, diff, 2, jnp.asarray(use), jnp.array([1, 0, 1]) > 0, 3
+    )
+    assert int(met["optim_steps"]) == 6 and met["n_tokens"] == 2.0
+    np.testing.assert_allclose([met["loss"], met["ratio_max"]], [1.0, 1.5])
+    np.testing.assert_allclose(met["sampler_vs_old_logp_absdiff"], absdiff, rtol=1e-6)
+    np.testing.assert_allclose(met["sampler_vs_old_logp_maxdiff"], maxdiff, rtol=1e-6)
+
+
+def test_inverse_temperatures_and_constrain_without_sharding():
+  inv = steps.inv_temperature(jnp.array([0.0, 0.5]), 0.8)
+  np.testing.assert_allclose(inv, [1.25, 2.0])
+  assert steps.inv_temperature(None, 0.8) is None
+  tree = {"a": jnp.ones(2)}
+  assert steps.constrain(tree, None) is tree
