@@ -379,6 +379,24 @@ def chunk_batch(batch, cfg):
   return {k: to_chunks(batch[k], n_chunks) for k in used}, n_rows // slot_rows
 
 
+def view_logprobs(params, ch, view, has_tokens_c, model_config, cfg, batch_sharding):
+  """no_grad_logprobs of one view of the chunked batch ch (chunk_batch): view "old" (the ratio's
+  denominator) or "cur" (the trained view, scored under the reference weights for the KL term)
+  -> [n_chunks, mb, T, R]."""
+  return no_grad_logprobs(
+    params,
+    ch[f"{view}_tokens"],
+    ch[f"{view}_attn"],
+    ch[f"{view}_starts"],
+    ch["response_mask"].shape[-1],
+    has_tokens_c,
+    ch.get("token_temperature"),
+    model_config=model_config,
+    cfg=cfg,
+    batch_sharding=batch_sharding,
+  )
+
+
 def old_logprobs(
   params,
   ch,
@@ -396,19 +414,9 @@ def old_logprobs(
   cfg.old_logprobs == "sampler" and old_from_sampler true (None: true), the sampler's log-probs
   sampler_logp [B, T, R] in chunks, with no forward pass; in "sampler" mode one program serves
   both (lax.cond runs only the branch taken)."""
-  n_chunks, resp_len = ch["old_tokens"].shape[0], ch["response_mask"].shape[-1]
+  n_chunks = ch["old_tokens"].shape[0]
   recompute = functools.partial(
-    no_grad_logprobs,
-    params,
-    ch["old_tokens"],
-    ch["old_attn"],
-    ch["old_starts"],
-    resp_len,
-    has_tokens_c,
-    ch.get("token_temperature"),
-    model_config=model_config,
-    cfg=cfg,
-    batch_sharding=batch_sharding,
+    view_logprobs, params, ch, "old", has_tokens_c, model_config, cfg, batch_sharding
   )
   if cfg.old_logprobs == "sampler":
     use_sampler = jnp.asarray(True if old_from_sampler is None else old_from_sampler, jnp.bool_)
@@ -463,7 +471,7 @@ def minibatch_data(
   reference policy's log-probs of the cur view (no_grad_logprobs of ref_params over the chunks
   with has_tokens_c; ValueError without ref_params). has_samples_s [n_slots]: the slots holding
   real samples (sample_index >= 0)."""
-  n_chunks, resp_len = ch["cur_tokens"].shape[0], mask.shape[-1]
+  n_chunks = ch["cur_tokens"].shape[0]
   data = {
     "cur_tokens": ch["cur_tokens"],
     "cur_attn": ch["cur_attn"],
@@ -479,17 +487,8 @@ def minibatch_data(
   if cfg.loss.kl_coef:
     if ref_params is None:
       raise ValueError("LossConfig.kl_coef > 0: pass ref_params to the update")
-    data["ref_logp"] = no_grad_logprobs(
-      ref_params,
-      ch["cur_tokens"],
-      ch["cur_attn"],
-      ch["cur_starts"],
-      resp_len,
-      has_tokens_c,
-      ch.get("token_temperature"),
-      model_config=model_config,
-      cfg=cfg,
-      batch_sharding=batch_sharding,
+    data["ref_logp"] = view_logprobs(
+      ref_params, ch, "cur", has_tokens_c, model_config, cfg, batch_sharding
     )
   # [n_chunks, mb, ...] -> [n_slots, n_micro, mb, ...]
   split = lambda x: x.reshape((n_slots, n_chunks // n_slots) + x.shape[1:])  # noqa: E731
