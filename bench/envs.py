@@ -34,8 +34,8 @@ from _common import parser, result
 from empo2_jax.envs import actions
 from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
 from empo2_jax.envs.pool import EnvPool, PoolConfig, auto_workers, usable_cpus
-from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
-from empo2_jax.envs.sciworld_jvm import env_var
+from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv
+from empo2_jax.envs.scienceworld.jvm import env_var
 
 CONFIG = SciWorldConfig()  # action_correction="always"
 

@@ -24,7 +24,7 @@ from _common import model_flags, parser, result, seconds_per_call, smollm2
 
 def gold_turns(task, episodes, min_turns, tokenizer):
   from empo2_jax.envs import fewshot
-  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+  from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv
   from empo2_jax.rl.batch import Turn
   from empo2_jax.train import sft
 

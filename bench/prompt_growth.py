@@ -39,10 +39,10 @@ import random
 import statistics
 
 from _common import REPO, parser, result
-from empo2_jax.envs.sciworld_prompts import INSTRUCTION, first_user_message, step_user_message
+from empo2_jax.envs.scienceworld.prompts import INSTRUCTION, first_user_message, step_user_message
 from empo2_jax.tips import tip_block
-from empo2_jax.envs import sciworld_suite
-from empo2_jax.envs.scienceworld import SciWorldConfig
+from empo2_jax.envs.scienceworld import suite as sciworld_suite
+from empo2_jax.envs.scienceworld.env import SciWorldConfig
 from empo2_jax.memory.reflect import memory_text
 from empo2_jax.tips import clean_tip
 from empo2_jax.model.chat import chat_ids

@@ -58,7 +58,7 @@ TABLE1_CPU_RETROSPEX = "--steps=200 --batch=32"
 
 
 def _paper_tasks():
-  from empo2_jax.envs.scienceworld import PAPER_TASKS  # no JVM starts on import
+  from empo2_jax.envs.scienceworld.env import PAPER_TASKS  # no JVM starts on import
 
   return PAPER_TASKS
 

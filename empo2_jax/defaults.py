@@ -62,7 +62,7 @@ def get_config(arg=None):
     # which otherwise depends on the JVM's history; with it a reset is reproducible in any
     # JVM, so a resumed run sees the observations an uninterrupted one sees (envs/base.py).
     java_tool_options=DEFAULT_JAVA_OPTIONS,
-  )  # see envs/scienceworld.py
+  )  # see envs/scienceworld/env.py
 
   # One iteration: rows_per_iter task rows x group_size rollouts (docs/method.md §1).
   c.rollout = dict(

@@ -49,7 +49,7 @@ def _gold_chats(c, workdir):
   which (task, variation) each came from goes to <workdir>/sft_data.json."""
   import collections
   import json
-  from empo2_jax.envs.scienceworld import ALL_TASKS
+  from empo2_jax.envs.scienceworld.env import ALL_TASKS
   from empo2_jax.train import build
   from empo2_jax.train import sft_gold
 
@@ -100,7 +100,7 @@ def _sft(argv):
   from empo2_jax.train.trainer import Trainer
 
   c, workdir = _CONFIG.value, remote.absolute(_WORKDIR.value)  # gs:// stays gs://
-  from empo2_jax.envs.scienceworld import ALL_TASKS
+  from empo2_jax.envs.scienceworld.env import ALL_TASKS
   from empo2_jax.train.sft_gold import sft_tasks
 
   try:  # a bad task list fails before any model loads

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from empo2_jax import tips
-from empo2_jax.envs import sciworld_prompts as prompts
+from empo2_jax.envs.scienceworld import prompts
 from empo2_jax.agent.actor import Actor, ActorSettings, Episode, Memory
 from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.memory.index import MemoryIndex, RetrievalConfig

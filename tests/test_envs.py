@@ -7,7 +7,7 @@ import pytest
 from empo2_jax.envs import actions
 from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS, TextEnv
 from empo2_jax.envs.fewshot import gold_trajectories, prompt_material, replay_gold
-from empo2_jax.envs.scienceworld import (
+from empo2_jax.envs.scienceworld.env import (
   ALL_TASKS,
   PAPER_TASKS,
   SciWorldConfig,

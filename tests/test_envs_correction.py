@@ -1,6 +1,6 @@
 """ScienceWorld under action_correction="always" (the default) against the raw library.
 
-The fast path (envs/sciworld_jvm.py: the valid-action list read in a few round trips instead of
+The fast path (envs/scienceworld/jvm.py: the valid-action list read in a few round trips instead of
 one per action) must not change a thing: the valid actions, the corrected and executed actions,
 observations and scores are compared step by step with the library's own `ScienceWorldEnv`
 driven the release's way (its `get_valid_action_object_combinations()` list each step, the text
@@ -16,9 +16,10 @@ import random
 
 import pytest
 
-from empo2_jax.envs import actions, sciworld_jvm
+from empo2_jax.envs import actions
+from empo2_jax.envs.scienceworld import jvm as sciworld_jvm
 from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
-from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv, ScienceWorldJvm
+from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv, ScienceWorldJvm
 
 ALWAYS = SciWorldConfig(action_correction="always")
 FALLBACK = ALWAYS.fallback_action

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from empo2_jax.envs.pool import EnvPool, PoolConfig
-from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv
 
 # Gold paths run as written (the default, the authors' "always" correction, would map a valid
 # "open door to X" of an open door to "close door to X"): train/sft_gold.gold_env does the same.

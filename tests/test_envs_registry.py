@@ -7,7 +7,7 @@ import pytest
 
 from configs import sciworld
 from empo2_jax.agent import prompts
-from empo2_jax.envs.sciworld_prompts import SCIENCEWORLD
+from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.envs import pool as pool_lib
 from empo2_jax.envs import registry
 from empo2_jax.envs.base import WorkerFactory
@@ -38,7 +38,7 @@ def test_bad_task_and_env_fields_are_config_errors():
 def test_scienceworld_entry():
   from empo2_jax import defaults
   from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
-  from empo2_jax.envs.scienceworld import ALL_TASKS, SciWorldConfig
+  from empo2_jax.envs.scienceworld.env import ALL_TASKS, SciWorldConfig
 
   suite = registry.get_suite("scienceworld")
   assert suite is registry.get_suite("scienceworld")

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.slow  # a JVM and the tiny random-init policy: ~1 min
 def test_eval_on_train_variations_records_the_split_and_the_variations(tmp_path):
-  from empo2_jax.envs.scienceworld import SciWorldEnv
+  from empo2_jax.envs.scienceworld.env import SciWorldEnv
 
   out = subprocess.run(
     [

@@ -171,7 +171,7 @@ def test_batches_carry_shaping_gamma_and_token_temperatures():
 def test_scienceworld_reports_goal_progress_at_the_end():
   """StepInfo.goals at the episode's end: a solved episode has every sequential subgoal done; a
   cut-off one lists unmet goals for the hindsight block."""
-  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+  from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv
 
   env = SciWorldEnv(SciWorldConfig(num_train_rows=2, num_test_rows=2, default_max_steps=2,
                                    max_steps_overrides=()))  # fmt: skip

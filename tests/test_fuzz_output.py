@@ -23,7 +23,7 @@ import unicodedata
 import pytest
 
 from empo2_jax import tips
-from empo2_jax.envs import sciworld_prompts as prompts
+from empo2_jax.envs.scienceworld import prompts
 from empo2_jax.envs import actions
 from empo2_jax.memory.reflect import memory_text
 from empo2_jax.tips import MAX_TIP_WORDS, clean_tip
@@ -310,7 +310,7 @@ ENV_CASES = CASES[:23] + random.Random(SEED + 3).sample(CASES[23:], 25)
 def test_fuzz_through_scienceworld():
   """A share of the cases through one JVM, both correction modes: no exception, and what ran is
   what the parser accepted (the text itself) or a valid action of that state."""
-  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv, ScienceWorldJvm
+  from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv, ScienceWorldJvm
 
   jvm = ScienceWorldJvm()
   try:
@@ -337,7 +337,7 @@ def test_fuzz_through_env_pool():
   """The inputs that used to kill a worker (a lone surrogate made the JVM bridge fail: four
   worker replacements, then env_failed) go through the pool without a restart."""
   from empo2_jax.envs.pool import EnvPool, PoolConfig
-  from empo2_jax.envs.scienceworld import SciWorldConfig
+  from empo2_jax.envs.scienceworld.env import SciWorldConfig
 
   nasty = ["\ud800", "look\udcff around", "\x00", "", "x" * 10_000, "<|im_end|>", "\U0001f600"]
   cfg = SciWorldConfig(default_max_steps=1000, env_step_limit=10_000)

@@ -319,13 +319,13 @@ def test_the_floor_check_fails_on_arrows_back_up_and_sideways():
   """The arrows issue 42 removed (envs -> agent, memory -> envs, parallel -> rl) are caught, and
   so is a sideways import between units of one floor; downward and in-unit imports are not."""
   graph = {
-    "empo2_jax.envs.sciworld_suite": ["empo2_jax.agent.prompts", "empo2_jax.tips"],
+    "empo2_jax.envs.scienceworld.suite": ["empo2_jax.agent.prompts", "empo2_jax.tips"],
     "empo2_jax.memory.reflect": ["empo2_jax.envs.actions", "empo2_jax.memory.store"],
     "empo2_jax.parallel.train_lm": ["empo2_jax.rl.update"],
     "empo2_jax.rl.batch": ["empo2_jax.sampling.session", "empo2_jax.model.llama"],
   }
   assert _sideways_or_up(graph) == [
-    ("empo2_jax.envs.sciworld_suite", "empo2_jax.agent.prompts"),
+    ("empo2_jax.envs.scienceworld.suite", "empo2_jax.agent.prompts"),
     ("empo2_jax.memory.reflect", "empo2_jax.envs.actions"),
     ("empo2_jax.parallel.train_lm", "empo2_jax.rl.update"),
     ("empo2_jax.rl.batch", "empo2_jax.sampling.session"),

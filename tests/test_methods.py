@@ -97,7 +97,7 @@ def test_train_refuses_a_method_that_does_not_train(tmp_path):
 
 def test_table1_sweep_commands_cover_every_method_and_task():
   from configs import sweeps
-  from empo2_jax.envs.scienceworld import PAPER_TASKS
+  from empo2_jax.envs.scienceworld.env import PAPER_TASKS
 
   lines = sweeps.table1_commands("R")
   assert len(lines) == 18 * 10 + 1 and lines[-1] == "python launch/table.py --runs=R --out=R/table"

@@ -10,7 +10,7 @@ import pytest
 
 import jax
 
-from empo2_jax.envs import sciworld_prompts as prompts
+from empo2_jax.envs.scienceworld import prompts
 from empo2_jax.baselines import retrospex as R
 from empo2_jax.baselines.retrospex_agent import RetrospexAgent
 from empo2_jax.data import trajectories as traj

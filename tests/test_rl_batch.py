@@ -59,7 +59,7 @@ def test_strip_tips_gives_the_no_memory_message():
 
 
 def test_strip_tips_inverts_the_agents_tip_block():
-  from empo2_jax.envs.sciworld_prompts import step_user_message
+  from empo2_jax.envs.scienceworld.prompts import step_user_message
 
   tips = [
     "the door is north; At that timestep, the specific action you took was open door",

@@ -8,7 +8,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.envs import sciworld_prompts as prompts
+from empo2_jax.envs.scienceworld import prompts
 from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import llama

@@ -110,7 +110,7 @@ def test_goal_progress_matches_the_library_after_a_real_reset_and_step():
   from scienceworld import ScienceWorldEnv
 
   from empo2_jax.envs.pool import EnvPool, PoolConfig
-  from empo2_jax.envs.scienceworld import SciWorldConfig, SciWorldEnv
+  from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv
 
   cfg = SciWorldConfig(default_max_steps=1, max_steps_overrides=())
   lib, env = ScienceWorldEnv("", envStepLimit=100), SciWorldEnv(cfg)

@@ -1,11 +1,11 @@
-"""The ScienceWorld JVM's py4j gateway requires its auth token (envs/scienceworld.py): the owner
+"""The ScienceWorld JVM's py4j gateway requires its auth token (envs/scienceworld/env.py): the owner
 drives it; a client on the same port without the token is refused."""
 
 import pytest
 from py4j.java_gateway import GatewayParameters, JavaGateway
 from py4j.protocol import Py4JError
 
-from empo2_jax.envs.scienceworld import ScienceWorldJvm
+from empo2_jax.envs.scienceworld.env import ScienceWorldJvm
 
 
 def test_gateway_needs_the_token():

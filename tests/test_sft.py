@@ -62,7 +62,7 @@ def test_pack_turns_joins_extending_prompts_and_splits_where_the_prefix_breaks()
 
 
 def test_gold_chat_is_the_actors_chat(tok):
-  from empo2_jax.envs import sciworld_prompts as prompts
+  from empo2_jax.envs.scienceworld import prompts
 
   chat = sft.gold_chat(_material(), _traj(3))
   assert [m["role"] for m in chat] == [

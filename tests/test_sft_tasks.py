@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from empo2_jax import defaults
-from empo2_jax.envs.scienceworld import ALL_TASKS
+from empo2_jax.envs.scienceworld.env import ALL_TASKS
 from empo2_jax.train.sft_gold import gold_chats, sft_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +41,7 @@ def test_format_variant_lists_other_tasks_only():
 
 @pytest.mark.slow
 def test_gold_data_holds_the_listed_tasks_train_variations_and_never_the_target():
-  from empo2_jax.envs.scienceworld import SciWorldConfig
+  from empo2_jax.envs.scienceworld.env import SciWorldConfig
   from empo2_jax.train.sft_gold import gold_env
 
   env = gold_env(SciWorldConfig(default_max_steps=10, action_correction="always"))

@@ -58,7 +58,7 @@ from empo2_jax.agent.episode import ActorSettings, Episode
 from empo2_jax.agent.episode_keys import EpisodeKeys
 from empo2_jax.agent.memory import Memory, chat_key, recent_key
 from empo2_jax.envs.base import PromptSet
-from empo2_jax.envs.sciworld_prompts import SCIENCEWORLD
+from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.memory.reflect import memory_writes, reflection_chat
 from empo2_jax.tips import clean_tip
 from empo2_jax.memory.rewards import intrinsic_reward

@@ -1,7 +1,7 @@
 """The agent's own chat text (docs/method.md §2): the outcome message of the tip chat. An
 environment's messages are its `PromptSet` (envs/base.py; ScienceWorld's in
-envs/sciworld_prompts.py), whose tips are written with empo2_jax/tips.tip_block, so the memory and
-the tip-free batch views (tips.strip_tips) work for every environment unchanged.
+envs/scienceworld/prompts.py), whose tips are written with empo2_jax/tips.tip_block, so the memory
+and the tip-free batch views (tips.strip_tips) work for every environment unchanged.
 """
 
 from __future__ import annotations

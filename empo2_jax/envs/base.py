@@ -18,7 +18,7 @@ from typing import runtime_checkable
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
-# JVM options of every ScienceWorld process (envs/scienceworld.py), defined here, the one place
+# JVM options of every ScienceWorld process (envs/scienceworld/env.py), defined here, the one place
 # that the config (empo2_jax/defaults.py), the pool and ScienceWorld all import without py4j. The
 # simulator lists a room's objects in an order that depends on Java identity hash codes, i.e. on
 # what the process did before; hashCode=2 (a constant) makes observations independent of the

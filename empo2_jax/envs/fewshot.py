@@ -12,7 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the records below serve every env; only the functions need ScienceWorld
-  from empo2_jax.envs.scienceworld import SciWorldEnv
+  from empo2_jax.envs.scienceworld.env import SciWorldEnv
 
 
 @dataclasses.dataclass(frozen=True)

@@ -423,8 +423,8 @@ def worker_factory(env_config: Any, pool_config: PoolConfig) -> WorkerFactory:
   ScienceWorld's defaults) becomes ScienceWorld's, with the pool's JVM options."""
   if isinstance(env_config, WorkerFactory):
     return env_config
-  from empo2_jax.envs.sciworld_suite import SciWorldWorkers
-  from empo2_jax.envs.scienceworld import SciWorldConfig
+  from empo2_jax.envs.scienceworld.suite import SciWorldWorkers
+  from empo2_jax.envs.scienceworld.env import SciWorldConfig
 
   if env_config is not None and not isinstance(env_config, SciWorldConfig):
     raise TypeError(

@@ -48,7 +48,7 @@ from typing import Any, Callable, Sequence
 
 # name -> the module whose import registers it (each module registers `SUITE` when imported).
 BUILTIN: dict[str, str] = {
-  "scienceworld": "empo2_jax.envs.sciworld_suite",
+  "scienceworld": "empo2_jax.envs.scienceworld.suite",
   "frozenlake": "empo2_jax.envs.frozenlake",
   "sokoban": "empo2_jax.envs.sokoban",
   "webshop": "empo2_jax.envs.webshop.suite",

@@ -1,8 +1,8 @@
 """Episode packing: one token row per episode instead of one row per turn.
 
-An episode's chat only grows (envs/sciworld_prompts.py): turn t+1's prompt starts with the prompt
-of turn t followed by turn t's response. A packed row is the last turn's prompt + response, with
-each turn's response positions marked:
+An episode's chat only grows (envs/scienceworld/prompts.py): turn t+1's prompt starts with the
+prompt of turn t followed by turn t's response. A packed row is the last turn's prompt + response,
+with each turn's response positions marked:
 
     row     = prompt_0 + resp_0 + (new user tokens) + resp_1 + ... + resp_T
     spans   = [(start_t, len(resp_t)) for each turn t]  (start_t: index of resp_t's first token)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from empo2_jax.envs import sciworld_prompts as prompts
+from empo2_jax.envs.scienceworld import prompts
 from empo2_jax.model import llama
 from empo2_jax.model.chat import chat_ids
 from empo2_jax.model.tokenizer import stop_ids

@@ -58,7 +58,7 @@ def gold_env(env_config):
   """The local ScienceWorld env gold paths are replayed in (envs/sciworld_suite.local_env): no
   agent step limit, and gold actions run as written (find-animal variation 0 under the agent's
   "always" correction: 7 of its 10 gold actions changed)."""
-  from empo2_jax.envs.sciworld_suite import local_env
+  from empo2_jax.envs.scienceworld.suite import local_env
 
   return local_env(env_config)
 

@@ -9,8 +9,8 @@ is verl-agent's GiGPO anchor observation (`anchor_observation`); our Turn.obs_ke
 agent view, which groups steps exactly as the anchor does, because the action list is a function
 of the page text (its buttons, the asins and option values it shows).
 
-The prompts follow the project's multi-turn chat (envs/sciworld_prompts.py: the chat grows, a tip
-block in the user message of a memory step) rather than verl-agent's single prompt with a
+The prompts follow the project's multi-turn chat (envs/scienceworld/prompts.py: the chat grows, a
+tip block in the user message of a memory step) rather than verl-agent's single prompt with a
 two-step history; the opening names the role and the task as verl-agent's template does. The
 closing line asks for one admissible action on its own line; the env's parser also accepts
 verl-agent's `<action>...</action>` answers (env.extract_action).

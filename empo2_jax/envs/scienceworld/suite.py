@@ -1,6 +1,6 @@
 """ScienceWorld's registry entry (envs/registry.py): its pool workers (one JVM per worker process,
 shared by the worker's slots), the SciWorldConfig of config.env, the local env for rows, gold
-trajectories and prompt material, and its prompts (envs/sciworld_prompts.py).
+trajectories and prompt material, and its prompts (envs/scienceworld/prompts.py).
 
 Importing this module imports py4j and the scienceworld package but starts no JVM.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from empo2_jax.envs.sciworld_prompts import SCIENCEWORLD
+from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.envs.registry import EnvSuite, register
-from empo2_jax.envs.scienceworld import ALL_TASKS, SciWorldConfig, SciWorldEnv, ScienceWorldJvm
+from empo2_jax.envs.scienceworld.env import ALL_TASKS, SciWorldConfig, SciWorldEnv, ScienceWorldJvm
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ Speed: the library's `ScienceWorldEnv.step` asks the JVM for every valid action,
 the inventory after each step. `SciWorldEnv.step` talks to the same Java object (`PythonInterface`)
 but only sends the action and reads score, completion and move count — the state changes and the
 numbers are the library's. Where it needs the valid actions (`valid_actions`), it reads the Java
-list in a few round trips instead of one per action (envs/sciworld_jvm.py:ScienceWorldJvm.strings).
+list in a few round trips instead of one per action (scienceworld/jvm.py: ScienceWorldJvm.strings).
 Each call asks the JVM anew and none is moved or saved: the simulator picks some object names
 (the unique referents of `getValidActionObjectCombinations`) with the JVM-wide
 `scala.util.Random`, which every simulator in the JVM shares and every load reseeds, so two calls
@@ -44,7 +44,7 @@ from empo2_jax.envs.base import (
   check_split,
   check_task,
 )
-from empo2_jax.envs.sciworld_jvm import ScienceWorldJvm
+from empo2_jax.envs.scienceworld.jvm import ScienceWorldJvm
 
 # The 30 tasks of ScienceWorld 1.2.3 (the simulator's own order).
 ALL_TASKS: tuple[str, ...] = (

@@ -1,5 +1,5 @@
 """ScienceWorld's messages (docs/method.md §2), in our own words: the first user message and the
-one after each action, as the `PromptSet` of ScienceWorld's registry entry (envs/sciworld_suite.py).
+one after each action, as the `PromptSet` of ScienceWorld's registry entry (suite.py).
 
 An episode's chat only grows: turn t's prompt is turn t-1's prompt + the model's raw response + the
 next user message, so the sampler can reuse the cached prefix. For that reason the action
