@@ -1,5 +1,5 @@
 """The jitted update vs a plain full-logits reference; learning direction; 8 devices == 1 device;
-the update's pieces (rl/update_steps.py) one by one."""
+the update's pieces (rl/update_steps.py, rl/update_grads.py) one by one."""
 
 import dataclasses
 import functools
@@ -15,6 +15,7 @@ import optax
 import pytest
 
 from empo2_jax.model import llama
+from empo2_jax.rl import update_grads as ug
 from empo2_jax.rl import update_steps as steps
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.update import (
@@ -290,7 +291,7 @@ def test_chunks_and_old_logprobs_of_the_pieces():
   m = batch["response_mask"] > 0
   want = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
   np.testing.assert_allclose(np.asarray(steps.from_chunks(old))[:, 0][m], want[m], atol=1e-5)
-  part = steps.no_grad_logprobs(
+  part = ug.no_grad_logprobs(
     params,
     ch["old_tokens"],
     ch["old_attn"],
@@ -331,13 +332,13 @@ def test_micro_batch_gradients_add_up_to_the_minibatch_step(fuse):
     grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     for j in range(2):
       dj = jax.tree.map(lambda x: x[j], d)
-      grads, _ = steps.micro_batch_grads(
+      grads, _ = ug.micro_batch_grads(
         params, dj, grads, token_denom, seq_denom, fuse=fuse, **settings
       )
     return grads
 
   whole = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), d)  # the slot's 4 rows at once
-  loss = functools.partial(steps.minibatch_loss, **settings)
+  loss = functools.partial(ug.minibatch_loss, **settings)
   (_, met), want = jax.jit(jax.value_and_grad(loss, has_aux=True))(
     params, whole, token_denom, seq_denom
   )
@@ -348,7 +349,7 @@ def test_micro_batch_gradients_add_up_to_the_minibatch_step(fuse):
 
   opt = optax.sgd(0.05)  # Adam's g / (|g| + eps) would amplify rounding in near-zero gradients
   state = init_train_state(params, opt)
-  step = jax.jit(functools.partial(steps.minibatch_step, optimizer=opt, fuse=fuse, **settings))
+  step = jax.jit(functools.partial(ug.minibatch_step, optimizer=opt, fuse=fuse, **settings))
   new, met = step(state, d)
   assert isinstance(new, type(state)) and int(new.step) == 1
   updates, _ = opt.update(want, state.opt_state, params)
@@ -389,8 +390,8 @@ def test_epochs_step_only_the_slots_with_samples_and_metrics_average_them():
 
 
 def test_inverse_temperatures_and_constrain_without_sharding():
-  inv = steps.inv_temperature(jnp.array([0.0, 0.5]), 0.8)
+  inv = ug.inv_temperature(jnp.array([0.0, 0.5]), 0.8)
   np.testing.assert_allclose(inv, [1.25, 2.0])
-  assert steps.inv_temperature(None, 0.8) is None
+  assert ug.inv_temperature(None, 0.8) is None
   tree = {"a": jnp.ones(2)}
-  assert steps.constrain(tree, None) is tree
+  assert ug.constrain(tree, None) is tree

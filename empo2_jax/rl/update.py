@@ -15,7 +15,8 @@ Inside one call:
      accumulation equals one large batch), then one optax step (global-norm clipping + AdamW).
      After the first step the policy has moved, so the ratio of later mini-batches leaves 1 and
      clipping acts (docs/method.md §1 item 5: verl's mini-batches of 128 turn samples, 1 epoch).
-Each of these is a pure function in rl/update_steps.py (its docstring shows how they compose);
+Each of these is a pure function in rl/update_steps.py (its docstring shows how they compose; one
+mini-batch's loss, gradient and optimizer step are in rl/update_grads.py);
 make_update_fn binds the settings and jits their composition, update_steps.update.
 
 Row layout. The B rows are S mini-batch slots of M = min(cfg.minibatch_rows, B) rows each, M a

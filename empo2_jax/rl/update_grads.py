@@ -1,0 +1,279 @@
+"""One mini-batch of the EMPO2 update (rl/update_steps.py composes them over the batch): the
+response log-probs of a micro-batch, the policy loss, its gradient accumulated over the slot's
+micro-batches and one optimizer step, each a pure function of what it uses; and the loop helpers
+the update runs its micro-batches and slots with.
+
+    minibatch_step            gradient accumulation over micro-batches, one optax step
+      micro_batch_grads       one micro-batch's gradient into the accumulator
+        minibatch_loss        the policy loss of one micro-batch (chunk_logprobs)
+    no_grad_logprobs          chunk_logprobs of a whole view without gradient (old, reference)
+
+Shapes as in rl/update_steps.py: mb rows of L tokens a micro-batch, T turn samples a row, R
+response tokens a turn.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from empo2_jax.rl.losses import get_policy_loss
+from empo2_jax.rl.packing import packed_response_logprobs
+
+
+def any_after_first(x):
+  """[N, ...] -> [N]: any nonzero entry beyond the leading axis."""
+  return jnp.any(x != 0, axis=tuple(range(1, x.ndim)))
+
+
+def index_tree(tree, i):
+  return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
+
+
+def nonempty_loop(keep, body, carry):
+  """carry = body(j, carry) for the indices j with keep[j] (in order); a dynamic trip count."""
+  order = jnp.argsort(jnp.where(keep, 0, 1), stable=True)  # kept indices first, in order
+  return jax.lax.fori_loop(
+    0, jnp.sum(keep.astype(jnp.int32)), lambda i, c: body(order[i], c), carry
+  )
+
+
+def map_nonempty(f, xs, keep):
+  """[f(x_j) if keep[j] else zeros for j] stacked, f run on the kept leading slices only."""
+  out_shape = jax.eval_shape(f, index_tree(xs, 0))
+  out = jnp.zeros((keep.shape[0],) + out_shape.shape, out_shape.dtype)
+  return nonempty_loop(
+    keep, lambda j, o: jax.lax.dynamic_update_index_in_dim(o, f(index_tree(xs, j)), j, 0), out
+  )
+
+
+def combine_metrics(total, met):
+  """Running combination of per-step (or per-micro-batch) metrics: sums, and a max for the keys
+  ending in _max (ratio_max, _diff_max)."""
+  return {
+    k: (jnp.maximum(total[k], v) if k.endswith("_max") else total[k] + v) for k, v in met.items()
+  }
+
+
+def _add(total, g):
+  """total + g leaf by leaf, g cast into the float32 accumulator `total`."""
+  return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), total, g)
+
+
+def constrain(tree, batch_sharding=None):
+  """Every leaf of `tree` (one micro-batch: leaves [mb, ...]) constrained to `batch_sharding`
+  (rows spread over the devices), or `tree` unchanged when batch_sharding is None."""
+  if batch_sharding is None:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding), tree)
+
+
+def inv_temperature(token_temp, temperature):
+  """Per-token sampling temperatures [..., R] (0: the training `temperature`) -> the inverse
+  temperatures 1/tau [..., R] the log-probs scale the logits by; None without per-token
+  temperatures (the log-probs then take `temperature` itself)."""
+  if token_temp is None:
+    return None
+  return jnp.where(token_temp > 0, 1.0 / jnp.maximum(token_temp, 1e-6), 1.0 / temperature)
+
+
+def chunk_logprobs(
+  params,
+  tokens,
+  attn,
+  starts,
+  resp_len,
+  *,
+  model_config,
+  cfg,
+  with_entropy=False,
+  token_temp=None,
+  layer_grads=None,
+):
+  """Log-probs of one micro-batch's response tokens: packed rows tokens / attn [mb, L] and their
+  turns' response starts [mb, T] -> [mb, T, R] (R = resp_len), and with with_entropy the
+  entropies [mb, T, R] as well, at cfg.temperature (or the per-token token_temp [mb, T, R]),
+  the vocabulary projected cfg.vocab_chunk columns at a time (rl/packing.py). layer_grads: the
+  fused gradient accumulator of the layers (model/grad_accum.py), or None."""
+  return packed_response_logprobs(
+    params,
+    model_config,
+    tokens,
+    attn,
+    starts,
+    resp_len,
+    temperature=cfg.temperature,
+    chunk_size=cfg.vocab_chunk,
+    with_entropy=with_entropy,
+    inv_temperature=inv_temperature(token_temp, cfg.temperature),
+    layer_grads=layer_grads,
+  )
+
+
+def no_grad_logprobs(
+  params,
+  tokens_c,
+  attn_c,
+  starts_c,
+  resp_len,
+  keep_c,
+  temp_c=None,
+  *,
+  model_config,
+  cfg,
+  batch_sharding=None,
+):
+  """Log-probs without gradient of one whole view, micro-batch by micro-batch: chunks tokens_c /
+  attn_c [n_chunks, mb, L], starts_c [n_chunks, mb, T] (and per-token temperatures temp_c
+  [n_chunks, mb, T, R]) -> [n_chunks, mb, T, R], chunk_logprobs of the chunks with keep_c
+  [n_chunks] true (those holding response tokens), zeros for the others, which are not
+  forwarded. Serves the old log-probs (docs/method.md §4) and the reference policy's."""
+  params = jax.lax.stop_gradient(params)
+  logp = functools.partial(chunk_logprobs, model_config=model_config, cfg=cfg)
+  if temp_c is None:
+    return map_nonempty(
+      lambda x: logp(params, *constrain(x, batch_sharding), resp_len),
+      (tokens_c, attn_c, starts_c),
+      keep_c,
+    )
+  return map_nonempty(
+    lambda x: logp(params, *constrain(x[:3], batch_sharding), resp_len, token_temp=x[3]),
+    (tokens_c, attn_c, starts_c, temp_c),
+    keep_c,
+  )
+
+
+def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, model_config, cfg):
+  """The policy loss (docs/method.md §5; cfg.loss.policy_loss) of one micro-batch d, leaves [mb,
+  ...]: cur_tokens / cur_attn [mb, L], cur_starts [mb, T], old_logp / mask (the low-prob-masked
+  response mask) / resp_mask [mb, T, R], advantages [mb, T], and where present
+  token_temperature [mb, T, R], shaping_gamma [mb, T], ref_logp [mb, T, R]. Its turns are read
+  as mb * T samples, summed over the mini-batch denominators token_denom / seq_denom (scalars),
+  so micro-batch losses add up to the mini-batch's. Returns (scalar loss, metrics): the loss's
+  metrics and the _diff_ sums of |log-prob - old log-prob| over every real response token."""
+  lcfg = cfg.loss
+  resp_len = d["mask"].shape[-1]
+  logp, ent = chunk_logprobs(
+    params,
+    d["cur_tokens"],
+    d["cur_attn"],
+    d["cur_starts"],
+    resp_len,
+    model_config=model_config,
+    cfg=cfg,
+    with_entropy=True,
+    token_temp=d.get("token_temperature"),
+    layer_grads=layer_grads,
+  )
+  gamma = d.get("shaping_gamma")
+  if gamma is not None:  # [mb, T] -> [mb, T, R]
+    gamma = jnp.broadcast_to(gamma[..., None], logp.shape)
+  flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])  # noqa: E731  turns
+  real = d["resp_mask"] > 0  # every real response token (the low-prob mask not applied)
+  diff = jnp.where(real, jnp.abs(jax.lax.stop_gradient(logp) - d["old_logp"]), 0.0)
+  diff_met = {
+    "_diff_sum": jnp.sum(diff),
+    "_diff_n": jnp.sum(real).astype(jnp.float32),
+    "_diff_max": jnp.max(diff),
+  }
+  loss, met = get_policy_loss(lcfg.policy_loss)(
+    flat(logp),
+    flat(d["old_logp"]),
+    flat(d["advantages"]),
+    flat(d["mask"]),
+    lcfg,
+    entropy_br=flat(ent),
+    ref_logp_br=flat(d.get("ref_logp")),
+    shaping_gamma_br=flat(gamma),
+    token_denom=token_denom,
+    seq_denom=seq_denom,
+  )
+  return loss, {**met, **diff_met}
+
+
+def _rest_loss(rest, acc, *, layers, d, token_denom, seq_denom, model_config, cfg):
+  """minibatch_loss as a function of the params but the layers (`rest`) and the layers'
+  gradient accumulator `acc`, the layers themselves held fixed (micro_batch_grads, fused)."""
+  params = {**rest, "layers": layers}
+  return minibatch_loss(params, d, token_denom, seq_denom, acc, model_config=model_config, cfg=cfg)
+
+
+def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, model_config, cfg, fuse):
+  """One micro-batch's contribution to its mini-batch's gradient: d (leaves [mb, ...], as
+  minibatch_loss reads them) -> (grads + the gradient of minibatch_loss over `params`, the loss's
+  metrics); grads is the float32 accumulator, a params-shaped tree. With `fuse` the layers'
+  gradient goes straight into grads["layers"] (the cotangent of layer_grads is layer_grads + this
+  micro-batch's layer gradient, model/grad_accum.py: no second params-sized buffer for the
+  layers); the rest (embedding, final norm, lm head) is summed as usual."""
+  if fuse:
+    layers = params["layers"]
+    rest = {k: v for k, v in params.items() if k != "layers"}
+    rest_loss = functools.partial(
+      _rest_loss,
+      layers=layers,
+      d=d,
+      token_denom=token_denom,
+      seq_denom=seq_denom,
+      model_config=model_config,
+      cfg=cfg,
+    )
+    fused_grad = jax.value_and_grad(rest_loss, argnums=(0, 1), has_aux=True)
+    (_, met), (g_rest, acc) = fused_grad(rest, grads["layers"])
+    return {**_add({k: grads[k] for k in g_rest}, g_rest), "layers": acc}, met
+  loss_fn = functools.partial(minibatch_loss, model_config=model_config, cfg=cfg)
+  (_, met), g = jax.value_and_grad(loss_fn, has_aux=True)(params, d, token_denom, seq_denom)
+  return _add(grads, g), met
+
+
+def _accumulate(
+  j, carry, *, params, d, token_denom, seq_denom, model_config, cfg, fuse, batch_sharding
+):
+  """Loop body of minibatch_step: micro-batch j of d ([n_micro, mb, ...] leaves) added into the
+  carry (float32 gradient accumulator, summed metrics)."""
+  grads, met_sum = carry
+  dj = constrain(index_tree(d, j), batch_sharding)
+  grads, met = micro_batch_grads(
+    params, dj, grads, token_denom, seq_denom, model_config=model_config, cfg=cfg, fuse=fuse
+  )
+  return grads, combine_metrics(met_sum, met)
+
+
+def minibatch_step(state, d, *, model_config, cfg, optimizer, fuse, batch_sharding=None):
+  """One optimizer step on one mini-batch slot (docs/method.md §1 item 5): d holds the slot's
+  micro-batches, leaves [n_micro, mb, ...] (as minibatch_loss reads them). The gradients of the
+  micro-batches with response tokens are summed in float32 (the loss denominators are the slot's
+  own token / sequence counts, so accumulation equals one large batch; an empty micro-batch adds
+  exactly zero and is skipped), then `optimizer` (global-norm clipping + AdamW) takes one step.
+  Returns (state with new params, opt_state and step + 1, metrics): the loss metrics summed over
+  the micro-batches (a max for *_max), grad_norm and update_norm (||the parameter change||)."""
+  mask = d["mask"]
+  token_denom = jnp.sum(mask)
+  seq_denom = jnp.sum(jnp.any(mask > 0, axis=-1))
+  settings = {"model_config": model_config, "cfg": cfg}
+  met_shape = jax.eval_shape(
+    lambda: minibatch_loss(state.params, index_tree(d, 0), token_denom, seq_denom, **settings)[1]
+  )
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+  met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
+  micro = functools.partial(
+    _accumulate,
+    params=state.params,
+    d=d,
+    token_denom=token_denom,
+    seq_denom=seq_denom,
+    fuse=fuse,
+    batch_sharding=batch_sharding,
+    **settings,
+  )
+  # A micro-batch without response tokens adds exactly zero to every sum: skipped.
+  grads, met = nonempty_loop(any_after_first(mask > 0), micro, (zeros, met0))
+  met["grad_norm"] = optax.global_norm(grads)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  # This step's parameter change, from the update itself: no copy of the pre-update params
+  # is held (it cost a params-sized buffer: 0.5 GiB for SmolLM2, 7.1 GiB a chip for 7B).
+  met["update_norm"] = optax.global_norm(updates)
+  params = optax.apply_updates(state.params, updates)
+  return state._replace(params=params, opt_state=opt_state, step=state.step + 1), met
