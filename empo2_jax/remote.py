@@ -17,8 +17,9 @@ chunks of CHUNK bytes (host memory holds one chunk, not a whole safetensors shar
 temporary directory that is deleted when the `with` block ends, also on an error. Paths are opened
 through etils.epath: gs:// needs gcsfs (`pip install "empo2_jax[gcs]"`); without it the first
 use raises cli.UserError saying so. Checkpoints (orbax), TensorBoard events, episodes, the workdir
-lock and eval/plot outputs go through epath directly. tests/test_gcs.py runs these pieces against a
-GCS emulator, tests/test_gcs_train.py a whole training run (kill, resume, eval, plots).
+lock and eval/plot outputs go through epath directly. tests/core/test_gcs.py runs these pieces
+against a GCS emulator, tests/integration/test_gcs_train.py a whole training run (kill, resume,
+eval, plots).
 """
 
 from __future__ import annotations

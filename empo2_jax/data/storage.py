@@ -8,7 +8,8 @@ check says at once what is missing: the gcsfs package (empo2_jax/remote.py's che
 credentials. It asks what gcsfs asks first (google.auth's Application Default Credentials: the
 GOOGLE_APPLICATION_CREDENTIALS key file, `gcloud auth application-default login`, or the metadata
 server of a Google Cloud VM), and passes without asking when STORAGE_EMULATOR_HOST names a GCS
-emulator (tests/test_gcs.py) or fsspec is configured with a gcs token. Local paths pass untouched.
+emulator (tests/core/test_gcs.py) or fsspec is configured with a gcs token. Local paths pass
+untouched.
 """
 
 from __future__ import annotations

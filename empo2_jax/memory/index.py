@@ -16,7 +16,7 @@ slot;
   when all keys of a slot share a long prompt), the query switches to an exact scan of the slot in
   score order, in growing chunks, stopping as soon as `top_k` passes are found -- cheap exactly when
   passes are dense. Range queries need a wide tree search (`search_fraction` 0.3 of the leaves) for
-  recall >= 0.95 on MiniLM keys; tests/test_memory_index.py measures it.
+  recall >= 0.95 on MiniLM keys; tests/memory/test_index.py measures it.
 
 Index upkeep (rebuild policy): a slot's ScaNN searcher covers the uid range [lo, hi) that was live
 when

@@ -6,7 +6,7 @@ the new entries (serialised to one uint8 buffer) through `allgather_bytes`
 adds ALL hosts' entries to its own store in process order (0, 1, ...). Since the store is
 deterministic (FIFO + dedup), identical inputs in an identical order keep the stores identical. With
 one process every gather is the identity. Two processes are tested in
-tests/test_memory_sync_multiprocess.py (jax.distributed on CPU).
+tests/memory/test_sync_multiprocess.py (jax.distributed on CPU).
 
 `allgather_bytes` is the one host-level gather of the package: the actor ships its episodes with it
 too (agent/hosts.py).

@@ -36,7 +36,7 @@ weights the update starts from; where the old view is exactly the token sequence
 without top-k/top-p, in the same dtype, those ARE the old log-probs up to floating-point
 reassociation (sampler: chunked prefill + per-token decode against a KV cache; update: one forward
 over the packed row). On SmolLM2-135M-Instruct in fp32 at temperature 1 the two differ by at most
-3.1e-5 nats over 500 sampled response tokens (tests/test_old_logprobs.py; SAMPLER_LOGP_TOL =
+3.1e-5 nats over 500 sampled response tokens (tests/rl/test_old_logprobs.py; SAMPLER_LOGP_TOL =
 1e-3 is the tolerance). With cfg.old_logprobs="sampler" the update takes a dynamic flag
 `old_from_sampler` (bool scalar; None = True): true skips the old-view forward pass (one of the
 ~5 forward-equivalents a trained token costs), false recomputes as above; one compiled program
@@ -79,7 +79,7 @@ MASTER_DTYPE = "float32"
 OLD_LOGPROBS = ("recompute", "sampler")
 # The largest |sampler_logp - recomputed old_logp| (nats, over real response tokens) accepted
 # when the update takes the sampler's log-probs as old log-probs: measured 3.1e-5 on
-# SmolLM2-135M-Instruct in fp32 at temperature 1 (tests/test_old_logprobs.py), ~30x margin.
+# SmolLM2-135M-Instruct in fp32 at temperature 1 (tests/rl/test_old_logprobs.py), ~30x margin.
 SAMPLER_LOGP_TOL = 1e-3
 
 

@@ -27,14 +27,13 @@ surface on the next save, wait() or close()) raises CheckpointSaveError naming t
 and the newest earlier step, which stays intact: orbax deletes old steps (keep) only after the new
 one is complete, and the failed step's temporary directory is removed on the next start.
 
-Exact resume (tests/test_checkpoint_resume.py): everything random is keyed by (seed, iteration) or
-restored above; the memory index is rebuilt from the restored store (exact search, which every slot
-up to RetrievalConfig.exact_max entries uses, depends only on the store; a ScaNN searcher of a
-larger
-slot is rebuilt at a different moment than in the uninterrupted run, so its approximate answers may
-differ). ScienceWorld lists objects in identity-hash order, which depends on what the JVM did
-before;
-configs/base.py starts the JVMs with -XX:hashCode=2 so a fresh JVM shows the same observations.
+Exact resume (tests/integration/test_checkpoint_resume.py): everything random is keyed by (seed,
+iteration) or restored above; the memory index is rebuilt from the restored store (exact search,
+which every slot up to RetrievalConfig.exact_max entries uses, depends only on the store; a ScaNN
+searcher of a larger slot is rebuilt at a different moment than in the uninterrupted run, so its
+approximate answers may differ). ScienceWorld lists objects in identity-hash order, which depends on
+what the JVM did before; configs/base.py starts the JVMs with -XX:hashCode=2 so a fresh JVM shows
+the same observations.
 Not restored: TensorBoard events past the checkpoint (the viewer shows the rewritten steps twice).
 """
 

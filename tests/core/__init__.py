@@ -1,0 +1,2 @@
+"""core/: the top-level modules (cli, preflight, config keys, tips, remote), the package, the
+layering"""

@@ -1,0 +1,1 @@
+"""Tests of empo2_jax/data/: episode records and the TFDS dataset."""

@@ -1,0 +1,1 @@
+"""integration/: a Trainer (or several processes) end to end; the metrics pin"""

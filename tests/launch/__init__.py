@@ -1,0 +1,1 @@
+"""launch/: the command lines of launch/, scripts/ and bench/"""

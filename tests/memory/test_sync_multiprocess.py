@@ -1,0 +1,81 @@
+"""Two jax.distributed CPU processes gather their memory writes and end with identical stores.
+
+Runs tests/helpers/memory_sync_worker.py twice (process 0 and 1, 4 CPU devices each) in
+subprocesses: the
+device count and the distributed start must happen before jax is used, and the main pytest
+process has one device.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+WORKER = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "memory_sync_worker.py"
+)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_end_with_identical_union_memory(tmp_path):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  addr = f"localhost:{_free_port()}"
+  outs = [tmp_path / f"p{pid}.json" for pid in (0, 1)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, WORKER, str(outs[pid]), addr, "2", str(pid)],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for pid in (0, 1)
+  ]
+  try:
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-4000:]
+  a, b = (json.loads(o.read_text()) for o in outs)
+  assert a["processes"] == b["processes"] == 2 and a["devices"] == b["devices"] == 8
+
+  # Both hosts see the same gathered batches, in process order (0 then 1).
+  assert a["gathered"] == b["gathered"]
+  assert a["gathered"][0]["texts"] == [
+    "p0 tip: heat the pot ✓",
+    "p0 tip: use the stove",
+    "shared tip",
+    "p1 tip: find the ice",
+    "shared tip",
+    "p1 tip: water it — ünïcode",
+  ]
+  assert a["gathered"][1]["texts"] == ["p0 tip: second call"]  # process 1 wrote nothing
+
+  # The raw byte gather: payloads of different lengths (one empty), in process order
+  assert a["bytes"] == b["bytes"] == ["", "p1 bytes \u2713"]
+
+  # Identical stores (byte-identical state_dict), holding the union of the writes.
+  assert a["store"] == b["store"]
+  slots = {tuple(s["slot"]): s for s in a["store"]["slots"]}
+  assert list(slots) == [("boil water", 0), ("boil water", 1), ("grow plant", 3), ("melt ice", 0)]
+  assert slots[("boil water", 0)]["texts"] == ["p0 tip: heat the pot ✓", "p0 tip: second call"]
+  assert slots[("boil water", 0)]["iterations"] == [5, 6]
+  assert slots[("boil water", 1)]["texts"] == ["p0 tip: use the stove"]
+  assert slots[("grow plant", 3)]["texts"] == ["p1 tip: water it — ünïcode"]
+  assert slots[("grow plant", 3)]["scores"] == [-1.0]
+  # the text both hosts wrote is kept once, with process 0's score (first in process order)
+  assert slots[("melt ice", 0)]["texts"] == ["shared tip", "p1 tip: find the ice"]
+  assert slots[("melt ice", 0)]["scores"] == [0.25, 2.0]

@@ -1,0 +1,1 @@
+"""Tests of empo2_jax/methods/: the method registry and each plug-in."""

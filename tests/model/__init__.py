@@ -1,0 +1,1 @@
+"""Tests of empo2_jax/model/: forward pass, weights I/O, tokenizers, encoder."""

@@ -1,0 +1,1 @@
+"""Tests of empo2_jax/programs/: the AOT programs."""

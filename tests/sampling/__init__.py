@@ -1,0 +1,1 @@
+"""Tests of empo2_jax/sampling/: the sampler and its sessions."""
