@@ -118,6 +118,17 @@ def local_mesh(spec) -> Optional[jax.sharding.Mesh]:
   return mesh_lib.make_mesh({"data": 1, "fsdp": -1, "tensor": tensor}, devices=devices)
 
 
+def host_values(tree):
+  """`tree`'s arrays as host numpy values. One process: jax.device_get. Several: arrays sharded
+  over other hosts' devices (the update's per-sample outputs on a pod mesh) cannot be fetched
+  locally, so every leaf is gathered whole (a collective every process must call)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils
+
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
 def sampling_params(params, mesh: Optional[jax.sharding.Mesh]):
   """The weights for this host's sampler. One process: `params` as they are. Several: a full copy
   gathered from the pod-sharded arrays (a collective), placed on `mesh` (or the default local

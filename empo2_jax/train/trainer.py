@@ -390,7 +390,7 @@ class Trainer:
       batch = shd.shard_batch(batch, self.mesh)
     from_sampler = self.old_logprobs.from_sampler(mode, batch)
     self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
-    upd = jax.device_get(upd)
+    upd = hosts.host_values(upd)  # per_sample is batch-sharded: gathered on several hosts
     self.last_per_sample = upd.pop("per_sample")  # per turn sample: train/view_metrics.py
     upd = {(k if k == "optim_steps" else f"loss/{k}"): float(v) for k, v in upd.items()}
     if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
