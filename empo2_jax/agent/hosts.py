@@ -135,9 +135,7 @@ def sampling_params(params, mesh: Optional[jax.sharding.Mesh]):
   device when mesh is None)."""
   if jax.process_count() == 1:
     return params
-  from jax.experimental import multihost_utils
-
-  host = jax.tree.map(np.asarray, multihost_utils.process_allgather(params, tiled=True))
+  host = host_values(params)
   if mesh is None:
     return jax.tree.map(jax.numpy.asarray, host)
   from empo2_jax.parallel import sharding as shd
@@ -147,6 +145,7 @@ def sampling_params(params, mesh: Optional[jax.sharding.Mesh]):
 
 __all__ = [
   "host_share",
+  "host_values",
   "gather_episodes",
   "episodes_to_bytes",
   "episodes_from_bytes",
