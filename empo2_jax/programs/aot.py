@@ -82,6 +82,10 @@ class AotRequest:
   # train_step: the update's settings (rl/update.UpdateConfig; launch/aot.py passes
   # train/settings.update_config of its config); None for the other programs.
   update: Any = None
+  # lm_train_step: positions per chunk of the vocabulary projection (LMTrainConfig.token_chunk).
+  # loss_chunk == seq marks the cost probe's request (_probe_cost): then lm_train_step and
+  # train_step project the whole vocabulary at once (loop-free), else in 8192-column chunks;
+  # train_step reads it for nothing else.
   loss_chunk: int = 512
   hbm_gib: float | None = None  # override the chip table (what-if / tests)
   cost_probe: bool = True  # compile the two small probes for flops / time / MFU
@@ -158,16 +162,21 @@ def _forward(config, mesh, req):
 
 @register_program("lm_train_step", microbatched=True)
 def _lm_train_step(config, mesh, req):
-  cfg = LMTrainConfig(num_microbatches=req.num_microbatches, loss_chunk=req.loss_chunk)
+  if req.batch % req.num_microbatches:
+    raise ValueError(f"batch={req.batch} must be a multiple of microbatches={req.num_microbatches}")
+  cfg = LMTrainConfig(micro_rows=req.batch // req.num_microbatches, token_chunk=req.loss_chunk)
+  if req.loss_chunk == req.seq:  # the cost probe: the whole vocabulary in one chunk, loop-free
+    cfg = dataclasses.replace(cfg, vocab_chunk=config.vocab_size)
   state = shd.abstract_on_mesh(abstract_train_state(config, make_optimizer(cfg)), mesh)
-  tokens, mask = _batch_args(mesh, req)
+  tokens, attn = _batch_args(mesh, req)
   tokens_n = req.batch * req.seq
   flops = 3 * forward_flops_per_token(config, req.seq) * tokens_n
   return Program(
-    make_lm_train_step(config, mesh, cfg),
-    (state, {"tokens": tokens, "mask": mask}),
+    make_lm_train_step(config, cfg, mesh=mesh),
+    (state, {"tokens": tokens, "attn": attn}),
     flops,
-    matmul_floor(config, tokens_n, tokens_n, forwards=3, grads=True),
+    # the vocabulary projection runs for the positions that predict a token: seq - 1 a row
+    matmul_floor(config, tokens_n, req.batch * (req.seq - 1), forwards=3, grads=True),
   )
 
 

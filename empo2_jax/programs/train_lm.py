@@ -1,13 +1,24 @@
-"""A generic sharded LM train step (next-token loss, grad clip + AdamW) and a sharded forward.
+"""The LM train step: masked next-token NLL, gradients summed over micro-batches, one global-norm
+clip + AdamW step; on one device, or sharded over a mesh. Also a sharded forward.
 
-This is the reference program for the parallel layer: it uses the same partition rules, batch
-sharding and remat knob that the EMPO2 update uses, so the sharded-vs-one-device tests and the
-AOT memory figures cover the real layout.
+Callers: train/sft.py (behaviour cloning: the answer tokens of packed chat rows, a loss mask given,
+one device) and the AOT program "lm_train_step" (programs/aot.py) with the parallel tests (every
+real token after a real one scored, on a mesh). On a mesh the step uses the partition rules, batch
+sharding and remat knob of the EMPO2 update and its vocabulary-chunked log-probs (rl/logprobs.py),
+so the sharded-vs-one-device tests and the AOT memory figures cover the real layout.
 
+    cfg = LMTrainConfig(micro_rows=8)
+    step = make_lm_train_step(model_config, cfg)                                    # one device
+    state, metrics = step(init_train_state(params, make_optimizer(cfg)), batch)     # rl/update
     mesh = make_mesh("data=1,fsdp=-1,tensor=1")
-    step = make_lm_train_step(model_config, mesh, LMTrainConfig())
+    step = make_lm_train_step(model_config, cfg, mesh=mesh)                         # sharded
     state = train_state_from_params(params, make_optimizer(cfg), mesh)
-    state, metrics = step(state, shard_batch({"tokens": t_bt, "mask": m_bt}, mesh))
+    state, metrics = step(state, shard_batch(batch, mesh))
+
+batch: tokens, attn (1 on real tokens) and optionally loss_mask, int [B, T]; token t (t >= 1) is
+scored where loss_mask[t] = 1, without loss_mask where attn[t - 1] = attn[t] = 1. The loss is the
+token mean over the whole batch: the sum over micro-batches of their NLL sums / the batch's count
+of scored tokens. metrics: loss, grad_norm (of the summed gradient, before clipping), tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from empo2_jax.model import llama
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.parallel import sharding as shd
+from empo2_jax.rl.logprobs import token_logprobs
 
 # The same train state and optimizer (global-norm clip + AdamW) as the EMPO2 update.
 from empo2_jax.rl.update import TrainState as LMTrainState
@@ -36,8 +48,9 @@ class LMTrainConfig:
   b2: float = 0.999
   eps: float = 1e-8
   grad_clip: float = 1.0
-  num_microbatches: int = 1  # gradient accumulation: rows per micro-batch = B / this
-  loss_chunk: int = 512  # tokens per chunk of the vocab projection + cross-entropy
+  micro_rows: int = 0  # rows per forward/backward (gradient-accumulation unit); 0: the whole batch
+  vocab_chunk: int = 8192  # vocabulary columns per chunk of the projection (rl/logprobs.py)
+  token_chunk: int = 0  # positions per chunk of the projection (next_token_nll); 0: all at once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,50 +58,66 @@ class LMTrainConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def chunked_next_token_ce(hidden_btd, w_out_dv, tokens_bt, mask_bt, chunk: int):
-  """(sum of next-token cross-entropy, number of scored tokens), never holding [B, T, V].
+def next_token_nll(
+  params, config: LlamaConfig, tokens_bt, attn_bt, score_bt, vocab_chunk=8192, token_chunk=0
+):
+  """(sum of -log p over the scored tokens, number of scored tokens), float32 scalars.
 
-  Position t predicts token t+1; it is scored when both are real tokens (mask 1). The vocab
-  projection runs over `chunk` positions at a time under remat.
-  """
-  b, t, d = hidden_btd.shape
-  targets = jnp.concatenate([tokens_bt[:, 1:], jnp.zeros((b, 1), tokens_bt.dtype)], axis=1)
-  weights = mask_bt * jnp.concatenate([mask_bt[:, 1:], jnp.zeros((b, 1), mask_bt.dtype)], axis=1)
-  chunk = min(chunk, t)
-  n = -(-t // chunk)
-  pad = n * chunk - t
+  Position t-1 predicts token t; token t is scored where score_bt[:, t] = 1 (column 0 never is).
+  The vocabulary projection runs `vocab_chunk` columns at a time (rl/logprobs.token_logprobs),
+  so the [B, T, V] logits never exist; its largest temporary is [B x positions, vocab_chunk].
+  token_chunk > 0 (and < T - 1) bounds the positions too: a scan over chunks of that many
+  positions, summed chunk by chunk (another float order than token_chunk=0). On a mesh the
+  positions stay spread over (data, fsdp) and the output embedding is gathered
+  (token_logprobs' split_width=False: every position is projected, not a few)."""
+  hidden = llama.forward(params, config, tokens_bt, attn_bt, return_hidden=True)
+  w_dv = llama.output_embedding(params, config)
 
-  def padded(x):
-    return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+  def nll(h, targets, weight):
+    logp = token_logprobs(h, w_dv, targets, chunk_size=vocab_chunk, split_width=False)
+    return -jnp.sum(jnp.where(weight > 0, logp, 0.0))
 
-  def to_chunks(x):
-    return jnp.swapaxes(padded(x).reshape((b, n, chunk) + x.shape[2:]), 0, 1)
+  h, targets, weight = hidden[:, :-1], tokens_bt[:, 1:], score_bt[:, 1:].astype(jnp.float32)
+  count = jnp.sum(weight)
+  b, t = targets.shape
+  if not token_chunk or token_chunk >= t:
+    return nll(h, targets, weight), count
+  n = -(-t // token_chunk)
 
-  xs = (to_chunks(hidden_btd), to_chunks(targets), to_chunks(weights.astype(jnp.float32)))
+  def to_chunks(x):  # [B, t, ...] -> [n, B, token_chunk, ...], the tail padded (weight 0)
+    x = jnp.pad(x, ((0, 0), (0, n * token_chunk - t)) + ((0, 0),) * (x.ndim - 2))
+    return jnp.swapaxes(x.reshape((b, n, token_chunk) + x.shape[2:]), 0, 1)
 
-  @jax.checkpoint
-  def body(total, x):
-    h_bcd, tgt_bc, w_bc = x
-    logits = jnp.einsum("bcd,dv->bcv", h_bcd, w_out_dv).astype(jnp.float32)
-    picked = jnp.take_along_axis(logits, tgt_bc[..., None], axis=-1)[..., 0]
-    ce = jax.nn.logsumexp(logits, axis=-1) - picked
-    return total + jnp.sum(ce * w_bc), None
-
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
-  return total, jnp.sum(weights).astype(jnp.float32)
-
-
-def lm_loss_sum(params, config: LlamaConfig, tokens_bt, mask_bt, chunk: int):
-  hidden = llama.forward(params, config, tokens_bt, mask_bt, return_hidden=True)
-  w_out = llama.output_embedding(params, config).astype(config.jnp_compute_dtype)
-  return chunked_next_token_ce(hidden, w_out, tokens_bt, mask_bt, chunk)
+  xs = (to_chunks(h), to_chunks(targets), to_chunks(weight))
+  total, _ = jax.lax.scan(lambda c, x: (c + nll(*x), None), jnp.zeros((), jnp.float32), xs)
+  return total, count
 
 
-def _to_microbatches(x, m: int, mesh: Mesh):
-  """[B, ...] -> [m, B/m, ...], row b in micro-batch b % m, so each stays spread over devices."""
-  rows = x.shape[0] // m
-  x = jnp.swapaxes(x.reshape((rows, m) + x.shape[1:]), 0, 1)
-  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, shd.BATCH_AXES)))
+def next_token_scores(attn_bt):
+  """The loss mask of plain LM training: 1 on every real token whose predecessor is real."""
+  return attn_bt * jnp.pad(attn_bt[:, :-1], ((0, 0), (1, 0)))
+
+
+def _scored(batch):
+  """(tokens, attn, loss mask) of a batch, the mask next_token_scores(attn) when not given."""
+  tokens, attn = batch["tokens"], batch["attn"]
+  score = batch["loss_mask"] if "loss_mask" in batch else next_token_scores(attn)
+  return tokens, attn, score
+
+
+def _spread(mesh: Mesh | None) -> int:
+  """The devices a batch's rows are split over: data * fsdp (shard_batch), 1 without a mesh."""
+  return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _micro_batches(x, rows: int, spread: int):
+  """[B, ...] -> [B / rows, rows, ...]. The batch's rows lie in `spread` equal blocks, one per
+  (data, fsdp) device; micro-batch i takes the i-th rows / spread rows of every block, so each
+  device keeps its own rows (no batch data moves). spread 1 (one device): micro-batch i is rows
+  i*rows .. (i+1)*rows - 1."""
+  m = x.shape[0] // rows
+  x = jnp.swapaxes(x.reshape((spread, m, rows // spread) + x.shape[1:]), 0, 1)
+  return x.reshape((m, rows) + x.shape[3:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,54 +157,90 @@ def train_state_from_params(
 
 def make_lm_train_step(
   config: LlamaConfig,
-  mesh: Mesh,
   cfg: LMTrainConfig,
+  *,
+  mesh: Mesh | None = None,
+  optimizer: optax.GradientTransformation | None = None,
   rules: shd.Rules = shd.LLAMA_RULES,
   donate: bool = True,
 ):
-  """jit(step)(state, {"tokens", "mask"} [B, T]) -> (state, metrics), state donated."""
-  optimizer = make_optimizer(cfg)
-  state_sh = train_state_shardings(config, optimizer, mesh, rules)
-  m = cfg.num_microbatches
+  """jit(step)(state, batch) -> (state, metrics): one optimizer step on the token-mean
+  next-token NLL of the batch (module docstring), gradients summed in float32 over micro-batches
+  of cfg.micro_rows rows (_micro_batches; B must be a multiple, and on a mesh micro_rows a
+  multiple of data*fsdp) and handed to the optimizer in the params' dtype.
+
+  optimizer: default make_optimizer(cfg). mesh: None for one device (plain jit); else the state
+  and its gradients are sharded by `rules`, the batch's rows over (data, fsdp) (shard_batch), the
+  metrics replicated. The state is donated unless donate=False."""
+  if optimizer is None:
+    optimizer = make_optimizer(cfg)
+  state_sh = None if mesh is None else train_state_shardings(config, optimizer, mesh, rules)
 
   def step(state: LMTrainState, batch):
-    tokens, mask = batch["tokens"], batch["mask"].astype(jnp.int32)
-    spread = mesh.shape["data"] * mesh.shape["fsdp"]
-    if tokens.shape[0] % (m * spread):
+    tokens, attn, score = _scored(batch)
+    b = tokens.shape[0]
+    rows = cfg.micro_rows or b
+    if b % rows:
+      raise ValueError(f"batch of {b} rows is not a multiple of micro_rows={rows}")
+    if rows % (spread := _spread(mesh)):
       raise ValueError(
-        f"batch of {tokens.shape[0]} rows must be a multiple of num_microbatches="
-        f"{m} x data*fsdp={spread} so every micro-batch spans all devices"
+        f"micro-batches of {rows} rows must be a multiple of data*fsdp={spread} so every "
+        "micro-batch spans all devices"
       )
-    n_scored = jnp.maximum(jnp.sum(mask[:, :-1] * mask[:, 1:]).astype(jnp.float32), 1.0)
+    chunks = {"tokens": tokens, "attn": attn, "score": score}
+    chunks = jax.tree.map(lambda x: _micro_batches(x, rows, spread), chunks)
+    if mesh is not None:  # every micro-batch over all (data, fsdp) devices
+      chunks = jax.lax.with_sharding_constraint(
+        chunks, NamedSharding(mesh, P(None, shd.BATCH_AXES))
+      )
+    n_tok = jnp.maximum(jnp.sum(score[:, 1:]).astype(jnp.float32), 1.0)
 
-    def micro(grads, xs):
-      tok, msk = xs
-
+    def micro(grads, d):
       def loss_fn(p):
-        return lm_loss_sum(p, config, tok, msk, cfg.loss_chunk)[0] / n_scored
+        nll, _ = next_token_nll(
+          p, config, d["tokens"], d["attn"], d["score"], cfg.vocab_chunk, cfg.token_chunk
+        )
+        return nll / n_tok
 
       loss, g = jax.value_and_grad(loss_fn)(state.params)
-      g = jax.lax.with_sharding_constraint(g, state_sh.params)
-      return jax.tree.map(jnp.add, grads, g), loss
+      if state_sh is not None:
+        g = jax.lax.with_sharding_constraint(g, state_sh.params)
+      return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), grads, g), loss
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
-    if m == 1:
-      grads, losses = micro(zeros, (tokens, mask))
-    else:
-      grads, losses = jax.lax.scan(
-        micro, zeros, (_to_microbatches(tokens, m, mesh), _to_microbatches(mask, m, mesh))
-      )
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+    grads, losses = jax.lax.scan(micro, zeros, chunks)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)  # fp32: a no-op
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": jnp.sum(losses), "grad_norm": optax.global_norm(grads), "tokens": n_scored}
+    metrics = {"loss": jnp.sum(losses), "grad_norm": optax.global_norm(grads), "tokens": n_tok}
     return LMTrainState(params, opt_state, state.step + 1), metrics
 
+  donate_argnums = (0,) if donate else ()
+  if mesh is None:
+    return jax.jit(step, donate_argnums=donate_argnums)
   return jax.jit(
     shd.on_mesh(step, mesh),
     in_shardings=(state_sh, shd.batch_sharding(mesh)),
     out_shardings=(state_sh, shd.replicated(mesh)),
-    donate_argnums=(0,) if donate else (),
+    donate_argnums=donate_argnums,
   )
+
+
+def make_lm_eval_loss(config: LlamaConfig, cfg: LMTrainConfig):
+  """jit(f)(params, batch) -> the step's loss without the update: the token-mean next-token NLL
+  of the whole batch, summed micro-batch by micro-batch (one device)."""
+
+  def f(params, batch):
+    tokens, attn, score = _scored(batch)
+    rows = cfg.micro_rows or tokens.shape[0]
+    chunks = [_micro_batches(x, rows, 1) for x in (tokens, attn, score)]
+    sums = jax.lax.map(
+      lambda d: jnp.stack(next_token_nll(params, config, *d, cfg.vocab_chunk, cfg.token_chunk)),
+      chunks,
+    )
+    return jnp.sum(sums[:, 0]) / jnp.maximum(jnp.sum(sums[:, 1]), 1.0)
+
+  return jax.jit(f)
 
 
 def make_sharded_forward(config: LlamaConfig, mesh: Mesh, rules: shd.Rules = shd.LLAMA_RULES):

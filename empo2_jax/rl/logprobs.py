@@ -143,21 +143,38 @@ _logp_entropy_tok.defvjp(_fwd_tok, _bwd_tok)
 
 
 def token_logprobs(
-  h, w, targets, *, temperature=1.0, chunk_size=8192, with_entropy=False, inv_temperature=None
+  h,
+  w,
+  targets,
+  *,
+  temperature=1.0,
+  chunk_size=8192,
+  with_entropy=False,
+  inv_temperature=None,
+  split_width=True,
 ):
   """log softmax(h @ w / temperature)[target] for every position.
 
   h [..., D] hidden states, w [D, V] output embedding, targets [...] int token ids.
   inv_temperature: None, or [...] (targets' shape) per-position 1/tau replacing `temperature`.
+  split_width: the layout on a mesh (below); no effect without one.
   Returns logp [...] float32, or (logp, entropy) with with_entropy=True. Differentiable in h and w.
   """
   lead = targets.shape
-  # On a mesh (parallel/sharding.on_mesh): keep the width split over fsdp, as the output
-  # embedding's rows are, so each chip projects its slice and only the [N, chunk] partial logits
-  # are summed; the backward then needs no communication. For the few response positions scored
-  # here (N ~ rows x 32) that moves far less than gathering the [D, V] embedding and reducing its
-  # gradient (7B: 1.1 GB + 2.2 GB per micro-batch).
-  h2 = shard_activation(h.reshape(-1, h.shape[-1]), "data", "fsdp")
+  # On a mesh (parallel/sharding.on_mesh), split_width=True: keep the width split over fsdp, as
+  # the output embedding's rows are, so each chip projects its slice and only the [N, chunk]
+  # partial logits are summed; the backward then needs no communication. For the few response
+  # positions scored here (N ~ rows x 32) that moves far less than gathering the [D, V] embedding
+  # and reducing its gradient (7B: 1.1 GB + 2.2 GB per micro-batch). split_width=False: the
+  # positions over (data, fsdp), the width whole, so the embedding is gathered as FSDP gathers
+  # every other weight: the right trade when every position is scored (LM training, N = rows x
+  # T), where summing [N, V] partial logits would move far more than the embedding.
+  h2 = h.reshape(-1, h.shape[-1])
+  h2 = (
+    shard_activation(h2, "data", "fsdp")
+    if split_width
+    else shard_activation(h2, ("data", "fsdp"), None)
+  )
   t2 = targets.reshape(-1).astype(jnp.int32)
   if inv_temperature is not None:
     it = jnp.broadcast_to(jnp.asarray(inv_temperature, F32), lead).reshape(-1)

@@ -12,6 +12,7 @@ tips, and the gold action as each assistant turn. A gold episode becomes one pac
 (rl/packing.py): every position of turn t's answer sees what the actor would have shown the model at
 turn t. The loss is the token-mean negative log-likelihood of the assistant answers (their text and
 the end-of-turn token); prompts, the chat template's role headers and padding are not scored.
+The step and the loss are the LM train step's (programs/train_lm.py), given the loss mask.
 """
 
 from __future__ import annotations
@@ -21,29 +22,21 @@ from typing import Sequence
 
 import numpy as np
 
-import jax
-import jax.numpy as jnp
-import optax
-
 from empo2_jax.envs.scienceworld import prompts
-from empo2_jax.model import llama
 from empo2_jax.model.chat import chat_ids
 from empo2_jax.model.tokenizer import stop_ids
-from empo2_jax.rl.logprobs import token_logprobs
+from empo2_jax.programs.train_lm import LMTrainConfig, make_lm_eval_loss, make_lm_train_step
 from empo2_jax.rl.packing import PackedRow, pack_turns
-from empo2_jax.rl.update import TrainState, make_optimizer  # the same AdamW + clip as RL
 
 
 @dataclasses.dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(LMTrainConfig):
+  """programs/train_lm.LMTrainConfig with SFT's defaults; its optimizer is rl/update's
+  make_optimizer (the same AdamW + clip as RL)."""
+
   lr: float = 1e-4
   weight_decay: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  grad_clip: float = 1.0
   micro_rows: int = 1  # rows per forward/backward (gradient accumulation unit)
-  vocab_chunk: int = 8192
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,72 +118,21 @@ def pad_rows(rows: Sequence[PackedRow], pad_id: int, bucket: int = 128) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernel: masked next-token NLL and the jitted step
+# The step: programs/train_lm.py on {tokens, attn, loss_mask}
 # ---------------------------------------------------------------------------------------------
 
 
-def answer_nll(params, model_config, tokens_bl, attn_bl, loss_mask_bl, vocab_chunk: int = 8192):
-  """(sum of -log p over answer tokens, number of answer tokens). Position t-1 predicts token t;
-  token t is scored where loss_mask[t] = 1. The vocabulary projection is chunked (rl/logprobs)."""
-  hidden = llama.forward(params, model_config, tokens_bl, attn_bl, return_hidden=True)
-  w_dv = llama.output_embedding(params, model_config)
-  logp = token_logprobs(hidden[:, :-1], w_dv, tokens_bl[:, 1:], chunk_size=vocab_chunk)
-  weight = loss_mask_bl[:, 1:].astype(jnp.float32)
-  return -jnp.sum(jnp.where(weight > 0, logp, 0.0)), jnp.sum(weight)
-
-
 def make_sft_step(model_config, cfg: SFTConfig, optimizer=None):
-  """jit(step)(state, batch {tokens, attn, loss_mask} [B, L]) -> (state, metrics): one optimizer
-  step on the token-mean answer NLL of the batch, gradients summed over micro-batches of
-  cfg.micro_rows rows (B must be a multiple of it). The state is donated."""
-  optimizer = optimizer or make_optimizer(cfg)
-
-  def step(state: TrainState, batch):
-    b = batch["tokens"].shape[0]
-    if b % cfg.micro_rows:
-      raise ValueError(f"batch of {b} rows is not a multiple of micro_rows={cfg.micro_rows}")
-    chunks = jax.tree.map(
-      lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]), batch
-    )
-    n_tok = jnp.maximum(jnp.sum(batch["loss_mask"][:, 1:]).astype(jnp.float32), 1.0)
-
-    def micro(grads, d):
-      def loss_fn(p):
-        nll, _ = answer_nll(
-          p, model_config, d["tokens"], d["attn"], d["loss_mask"], cfg.vocab_chunk
-        )
-        return nll / n_tok
-
-      loss, g = jax.value_and_grad(loss_fn)(state.params)
-      return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), grads, g), loss
-
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    grads, losses = jax.lax.scan(micro, zeros, chunks)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": jnp.sum(losses), "grad_norm": optax.global_norm(grads), "tokens": n_tok}
-    return TrainState(params, opt_state, state.step + 1), metrics
-
-  return jax.jit(step, donate_argnums=(0,))
+  """jit(step)(state, batch {tokens, attn, loss_mask} [B, L]) -> (state, metrics {loss,
+  grad_norm, tokens}): one optimizer step on the token-mean answer NLL of the batch, gradients
+  summed over micro-batches of cfg.micro_rows rows (B must be a multiple of it). The state
+  (rl.update.TrainState) is donated. programs/train_lm.make_lm_train_step on one device."""
+  return make_lm_train_step(model_config, cfg, optimizer=optimizer)
 
 
 def make_eval_loss(model_config, cfg: SFTConfig):
   """jit(f)(params, batch) -> token-mean answer NLL of the whole batch (no update)."""
-
-  def f(params, batch):
-    b = batch["tokens"].shape[0]
-    chunks = jax.tree.map(
-      lambda x: x.reshape((b // cfg.micro_rows, cfg.micro_rows) + x.shape[1:]), batch
-    )
-    sums = jax.lax.map(
-      lambda d: jnp.stack(
-        answer_nll(params, model_config, d["tokens"], d["attn"], d["loss_mask"], cfg.vocab_chunk)
-      ),
-      chunks,
-    )
-    return jnp.sum(sums[:, 0]) / jnp.maximum(jnp.sum(sums[:, 1]), 1.0)
-
-  return jax.jit(f)
+  return make_lm_eval_loss(model_config, cfg)
 
 
 __all__ = [
@@ -199,7 +141,6 @@ __all__ = [
   "chat_turns",
   "chat_rows",
   "pad_rows",
-  "answer_nll",
   "make_sft_step",
   "make_eval_loss",
 ]

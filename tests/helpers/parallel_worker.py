@@ -37,7 +37,9 @@ CONFIG = LlamaConfig(
 )
 # eps well above gradient rounding, so the Adam step is smooth in the gradient (with eps
 # 1e-8, g / (|g| + eps) turns 1e-9 rounding in near-zero gradients into lr-sized differences).
-TRAIN = train_lm.LMTrainConfig(lr=1e-2, eps=1e-3, num_microbatches=2, loss_chunk=7)
+# 2 micro-batches of 8 rows; the projection in chunks of 7 of the 23 positions that predict a
+# token (the last chunk padded) and of 100 vocabulary columns (512 = 5 x 100 + a tail of 12).
+TRAIN = train_lm.LMTrainConfig(lr=1e-2, eps=1e-3, micro_rows=8, vocab_chunk=100, token_chunk=7)
 MESHES = [(8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
 
 
@@ -54,16 +56,16 @@ def inputs():
 def run(mesh, params, tokens, mask, local_rows=None):
   """Sharded forward + one lm_train_step on `mesh`; returns host values (and the sharded state)."""
   if local_rows is None:
-    batch = shd.shard_batch({"tokens": tokens, "mask": mask}, mesh)
+    batch = shd.shard_batch({"tokens": tokens, "attn": mask}, mesh)
   else:  # each process hands over only its own rows
     batch = shd.batch_from_process_local(
-      {"tokens": tokens[local_rows], "mask": mask[local_rows]}, mesh
+      {"tokens": tokens[local_rows], "attn": mask[local_rows]}, mesh
     )
   logits = train_lm.make_sharded_forward(CONFIG, mesh)(
-    shd.shard_tree(params, mesh), batch["tokens"], batch["mask"]
+    shd.shard_tree(params, mesh), batch["tokens"], batch["attn"]
   )
   state = train_lm.train_state_from_params(params, train_lm.make_optimizer(TRAIN), mesh)
-  state, metrics = train_lm.make_lm_train_step(CONFIG, mesh, TRAIN)(state, batch)
+  state, metrics = train_lm.make_lm_train_step(CONFIG, TRAIN, mesh=mesh)(state, batch)
 
   def host(x):
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -72,6 +72,17 @@ def test_optimizer_state_follows_params():
   assert adam.count == P() and specs.step == P()
 
 
+def test_micro_batches_keep_each_devices_rows():
+  """programs/train_lm's micro-batches: with the rows over 4 devices (rows 0-3, 4-7, ...), each
+  micro-batch of 8 takes 2 rows of every device; on one device, consecutive rows."""
+  x = np.arange(32).reshape(16, 2)
+  got = np.asarray(train_lm._micro_batches(x, 8, 4))
+  assert got.shape == (2, 8, 2)
+  assert got[..., 0].tolist() == [[0, 2, 8, 10, 16, 18, 24, 26], [4, 6, 12, 14, 20, 22, 28, 30]]
+  one = np.asarray(train_lm._micro_batches(x, 8, 1))
+  np.testing.assert_array_equal(one, x.reshape(2, 8, 2))
+
+
 def test_unshardable_dim_names_the_param():
   shapes = llama.param_shapes(get_preset("0.5b"))  # D = 896 = 2^7 * 7
   with pytest.raises(ValueError) as e:

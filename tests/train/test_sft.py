@@ -11,6 +11,7 @@ from empo2_jax.envs.fewshot import GoldTrajectory, PromptMaterial
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import llama
 from empo2_jax.model.tokenizer import load_tokenizer, stop_ids
+from empo2_jax.programs import train_lm
 from empo2_jax.rl.packing import pack_turns
 from empo2_jax.rl.update import init_train_state, make_optimizer
 from empo2_jax.train import sft
@@ -107,7 +108,8 @@ def _tiny(vocab):
 
 
 def test_answer_nll_equals_naive_per_turn_log_softmax():
-  """Packed-row NLL == the sum over turns of -log softmax on each turn's own (unpacked) row."""
+  """Packed-row NLL (programs/train_lm.next_token_nll with the answer mask) == the sum over turns
+  of -log softmax on each turn's own (unpacked) row."""
   cfg, params = _tiny(300)
   rng = np.random.default_rng(0)
   p0 = list(rng.integers(0, 300, 7))
@@ -116,7 +118,7 @@ def test_answer_nll_equals_naive_per_turn_log_softmax():
   r1 = list(rng.integers(0, 300, 2))
   (row,) = pack_turns([p0, p1], [r0, r1])
   batch = sft.pad_rows([row], 0, bucket=8)
-  nll, count = sft.answer_nll(
+  nll, count = train_lm.next_token_nll(
     params, cfg, batch["tokens"], batch["attn"], batch["loss_mask"], vocab_chunk=128
   )
   ref = 0.0
@@ -131,6 +133,18 @@ def test_answer_nll_equals_naive_per_turn_log_softmax():
     ref -= sum(logp[len(p) - 1 + j, r[j]] for j in range(len(r)))
   assert float(count) == 5
   np.testing.assert_allclose(float(nll), ref, rtol=1e-5)
+  # the 15 positions in chunks of 4 (the last one padded): the same sum in another order
+  chunked, count4 = train_lm.next_token_nll(
+    params, cfg, batch["tokens"], batch["attn"], batch["loss_mask"], 128, token_chunk=4
+  )
+  assert float(count4) == 5
+  np.testing.assert_allclose(float(chunked), float(nll), rtol=1e-6)
+
+
+def test_without_a_loss_mask_every_real_token_after_a_real_one_is_scored():
+  attn = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 1, 0]], jnp.int32)
+  want = [[0, 0, 0, 1, 1], [0, 1, 1, 0, 0], [0, 0, 0, 1, 0]]
+  np.testing.assert_array_equal(train_lm.next_token_scores(attn), want)
 
 
 def test_sft_steps_lower_the_answer_loss_and_micro_batches_match_one_batch(tok):
