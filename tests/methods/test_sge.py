@@ -10,18 +10,10 @@ import jax.numpy as jnp
 
 from empo2_jax.methods import sge
 from empo2_jax.model import llama
-from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.logprobs import naive_token_logprobs, token_logprobs
+from tests.helpers.tiny_model import TINY
 
-MODEL = LlamaConfig(
-  vocab_size=512,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-)
+MODEL = TINY
 
 
 def np_log_softmax(z):

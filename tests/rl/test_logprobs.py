@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from empo2_jax.model import llama
-from empo2_jax.model.configs import LlamaConfig
+from tests.helpers.tiny_model import TINY
 from empo2_jax.rl.logprobs import naive_token_logprobs, response_logprobs, token_logprobs
 
 
@@ -93,15 +93,7 @@ def test_bfloat16_inputs_close_to_float32():
 
 
 def test_response_logprobs_match_full_forward():
-  cfg = LlamaConfig(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-  )
+  cfg = TINY
   params = llama.init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(5)
   B, L, R = 3, 12, 4

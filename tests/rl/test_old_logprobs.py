@@ -18,7 +18,6 @@ import pytest
 from configs import sciworld
 
 from empo2_jax.model import llama
-from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl.packing import packed_response_logprobs
 from empo2_jax.rl.update import (
@@ -30,18 +29,11 @@ from empo2_jax.rl.update import (
 )
 from empo2_jax.train import settings
 from tests.helpers.rl_settings import batch_config, loss_config, update_config
+from tests.helpers.tiny_model import TINY
 
 MEASURED_MAX_ABSDIFF = 3.1e-5  # the SmolLM2 measurement above (nats)
 
-MODEL = LlamaConfig(
-  vocab_size=512,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-)
+MODEL = TINY
 
 
 def test_trainer_keeps_the_sampler_within_the_tolerance_and_falls_back_past_it():

@@ -17,7 +17,6 @@ import pytest
 from empo2_jax.model import llama
 from empo2_jax.rl import update_grads as ug
 from empo2_jax.rl import update_steps as steps
-from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.rl.update import (
   init_train_state,
   make_optimizer,
@@ -25,16 +24,9 @@ from empo2_jax.rl.update import (
   sample_logprobs_fn,
 )
 from tests.helpers.rl_settings import loss_config, update_config
+from tests.helpers.tiny_model import TINY
 
-MODEL = LlamaConfig(
-  vocab_size=512,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-)
+MODEL = TINY
 B, P, R = 8, 10, 4
 
 
