@@ -2,22 +2,10 @@
 iteration and exit 0 (train/trainer.py OR-s the per-host flag across hosts every iteration)."""
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
-WORKER = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "preempt_worker.py"
-)
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+from tests.helpers import processes
 
 
 def _done(path) -> int:
@@ -25,19 +13,8 @@ def _done(path) -> int:
 
 
 def test_sigterm_to_one_host_stops_both_after_the_same_iteration(tmp_path):
-  addr = f"localhost:{_free_port()}"
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  procs = [
-    subprocess.Popen(
-      [sys.executable, WORKER, str(tmp_path), addr, "2", str(pid)],
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for pid in (0, 1)
-  ]
+  addr = processes.coordinator()
+  procs = [processes.start("preempt_worker.py", tmp_path, addr, 2, pid) for pid in (0, 1)]
   try:
     deadline = time.time() + 240
     while min(_done(tmp_path / f"progress-{p}") for p in (0, 1)) < 3:
@@ -45,14 +22,12 @@ def test_sigterm_to_one_host_stops_both_after_the_same_iteration(tmp_path):
         p.communicate()[0][-3000:] for p in procs if p.poll() is not None
       ]
       time.sleep(0.1)
-    procs[1].send_signal(signal.SIGTERM)  # the slower host only
-    logs = [p.communicate(timeout=120)[0] for p in procs]
-  finally:
+  except BaseException:
     for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-3000:]
+      p.kill()
+    raise
+  procs[1].send_signal(signal.SIGTERM)  # the slower host only
+  logs = processes.finish(procs, timeout=120)
   results = [json.loads((tmp_path / f"result-{pid}.json").read_text()) for pid in (0, 1)]
   saved = [(tmp_path / f"saved-{pid}").read_text().split() for pid in (0, 1)]
   assert results[0]["iteration"] == results[1]["iteration"] >= 3, results

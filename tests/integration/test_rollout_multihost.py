@@ -7,25 +7,12 @@ together), each with one CPU device: the distributed start must happen before ja
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from empo2_jax.agent import hosts
-
-WORKER = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "rollout_hosts_worker.py"
-)
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+from tests.helpers import processes
 
 
 def test_host_share_is_contiguous_balanced_and_complete():
@@ -107,33 +94,15 @@ def _close(a, b, path="", atol=1e-5):
 
 @pytest.mark.slow
 def test_two_hosts_give_the_batch_memory_and_metrics_of_one(tmp_path):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  addr = f"localhost:{_free_port()}"
+  addr = processes.coordinator()
   outs = {name: tmp_path / f"{name}.json" for name in ("single", "p0", "p1")}
   cmds = {
     "single": [str(outs["single"]), str(tmp_path / "run_single")],
     "p0": [str(outs["p0"]), str(tmp_path / "run_multi"), addr, "2", "0"],
     "p1": [str(outs["p1"]), str(tmp_path / "run_multi"), addr, "2", "1"],
   }
-  procs = {
-    name: subprocess.Popen(
-      [sys.executable, WORKER, *args],
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for name, args in cmds.items()
-  }
-  try:
-    logs = {name: p.communicate(timeout=900)[0] for name, p in procs.items()}
-  finally:
-    for p in procs.values():
-      if p.poll() is None:
-        p.kill()
-  for name, p in procs.items():
-    assert p.returncode == 0, f"{name}:\n{logs[name][-4000:]}"
+  # workers 0, 1, 2 = single, p0, p1
+  processes.finish([processes.start("rollout_hosts_worker.py", *a) for a in cmds.values()], 900)
   single, p0, p1 = (json.loads(outs[n].read_text()) for n in ("single", "p0", "p1"))
   assert (single["processes"], p0["processes"], p1["processes"]) == (1, 2, 2)
 

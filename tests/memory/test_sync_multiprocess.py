@@ -7,48 +7,18 @@ process has one device.
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
-WORKER = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "memory_sync_worker.py"
-)
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+from tests.helpers import processes
 
 
 @pytest.mark.slow
 def test_two_processes_end_with_identical_union_memory(tmp_path):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  addr = f"localhost:{_free_port()}"
+  addr = processes.coordinator()
   outs = [tmp_path / f"p{pid}.json" for pid in (0, 1)]
-  procs = [
-    subprocess.Popen(
-      [sys.executable, WORKER, str(outs[pid]), addr, "2", str(pid)],
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for pid in (0, 1)
-  ]
-  try:
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-4000:]
+  procs = [processes.start("memory_sync_worker.py", outs[pid], addr, 2, pid) for pid in (0, 1)]
+  processes.finish(procs, timeout=300)
   a, b = (json.loads(o.read_text()) for o in outs)
   assert a["processes"] == b["processes"] == 2 and a["devices"] == b["devices"] == 8
 

@@ -6,46 +6,24 @@ before jax starts, and the main pytest process has one device.
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-WORKER = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "parallel_worker.py"
-)
+from tests.helpers import processes
+
 TOL = 1e-5
 # tiny model of the worker: D=64, heads*hd=64, kv=32, F=128, V=512, L=2; batch 16 rows
 
 
-def _env():
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  return env
-
-
-def _worker(*args, timeout=900):
-  return subprocess.Popen(
-    [sys.executable, WORKER, *map(str, args)],
-    env=_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
-
-
-def _wait(proc, timeout=900):
-  out, _ = proc.communicate(timeout=timeout)
-  assert proc.returncode == 0, out[-4000:]
+def _worker(*args):
+  return processes.start("parallel_worker.py", *args)
 
 
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory):
   out = tmp_path_factory.mktemp("parity") / "parity.json"
-  _wait(_worker("parity", out))
+  processes.finish([_worker("parity", out)], timeout=900)
   return json.loads(out.read_text())
 
 
@@ -74,21 +52,14 @@ def test_sharded_matches_one_device(parity, mesh, wq, embed):
   assert r["mu_wq_shard"] == wq  # Adam moments sharded like their params
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   mesh = "data=2,fsdp=2,tensor=2"
   ref, two = tmp_path / "one.npz", tmp_path / "two.npz"
-  addr = f"localhost:{_free_port()}"
+  addr = processes.coordinator()
   procs = [_worker("run", ref, mesh)]
   procs += [_worker("run", two, mesh, addr, 2, pid) for pid in (0, 1)]
-  for p in procs:
-    _wait(p)
+  processes.finish(procs, timeout=900)
   a, b = np.load(ref), np.load(two)
   assert int(a["processes"]) == 1 and int(b["processes"]) == 2
   assert int(a["devices"]) == int(b["devices"]) == 8
