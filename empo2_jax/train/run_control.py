@@ -1,6 +1,8 @@
 """What a training run does around its iterations, beside the algorithm (train/trainer.py):
-the preemption notice (SIGTERM), the stop that every host agrees on, and the profiler trace of
-one iteration.
+the loop itself (evaluation, records and checkpoints between iterations), the preemption notice
+(SIGTERM), the stop that every host agrees on, and the profiler trace of one iteration.
+
+    history = run_loop(trainer, iterations)        # Trainer.run
 
     stop = StopSignal(lambda: trainer.iteration)   # installs the SIGTERM handler
     ...
@@ -16,6 +18,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -23,6 +26,8 @@ import numpy as np
 import jax
 
 from empo2_jax import remote
+from empo2_jax.train import faults
+from empo2_jax.train.hoststats import CompileCounter, iteration_host_metrics
 
 log = logging.getLogger("empo2_jax")
 
@@ -64,6 +69,54 @@ class StopSignal:
     if self._old is not None:
       signal.signal(signal.SIGTERM, self._old)
       self._old = None
+
+
+def run_loop(trainer, total: int) -> list[dict]:
+  """trainer.train_iteration until `total` iterations are done; after each, evaluation
+  (train.eval_every, eval_at_end, eval_with_memory), the records (process 0: metrics.jsonl and
+  the episodes), and a checkpoint every train.checkpoint_every, at the end and on a stop request
+  (SIGTERM on any host: then trainer.preempted). The trainer is closed at the end, also on
+  an error. The metrics of each iteration."""
+  c = trainer.config
+  history = []
+  every_ckpt = c.train.checkpoint_every
+  try:
+    CompileCounter.install()
+    while trainer.iteration < total:
+      t0 = time.perf_counter()
+      compiles0, compile_s0 = CompileCounter.totals()
+      with maybe_profile(trainer.workdir, trainer.iteration + 1, c.train.profile_iteration):
+        m = trainer.train_iteration()
+      trainer.iteration += 1
+      every = c.train.eval_every
+      last = trainer.iteration == total
+      if (every and trainer.iteration % every == 0) or (last and c.train.eval_at_end):
+        m.update(trainer.evaluate(False))
+        if c.train.eval_with_memory:
+          m.update(trainer.evaluate(True))
+      m["time/iteration"] = time.perf_counter() - t0
+      m.update(iteration_host_metrics(trainer.phase_peaks, compiles0, compile_s0))
+      # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
+      if jax.process_index() == 0:
+        try:
+          trainer.metrics.write(trainer.iteration, m)
+          if trainer.episode_log is not None:
+            trainer.episode_log.write(trainer.iteration, trainer.last_episodes)
+        except OSError as e:  # disk full: stop, naming the checkpoint a rerun resumes from
+          what = f"the metrics and episodes of iteration {trainer.iteration}"
+          raise faults.write_error(trainer, what, e) from e
+      history.append(m)
+      stop = trainer.stop_signal.requested()  # multi-host: every host the same answer
+      if stop or last or (every_ckpt and trainer.iteration % every_ckpt == 0):
+        trainer.save_checkpoint(wait=stop)
+      if stop:
+        trainer.preempted = trainer.iteration < total
+        break
+    if trainer.episode_log is not None and not trainer.preempted and jax.process_index() == 0:
+      trainer.episode_log.build_dataset()
+  finally:
+    trainer.close()
+  return history
 
 
 def maybe_profile(workdir: str, iteration: int, profile_iteration: int):

@@ -6,9 +6,10 @@ update, log.
 
 Everything with side effects (env processes, files, the JVMs) lives here and in the actor; the
 update, losses and advantages are the pure kernels of empo2_jax.rl. Beside the algorithm:
-evaluation (train/evaluate.py), preemption and profiling (train/run_control.py), the old
-log-probs' source (train/old_logprobs.py), checkpoints (train/checkpoint.py), a non-finite
-update's report (train/faults.py).
+evaluation (train/evaluate.py), the run loop, preemption and profiling (train/run_control.py),
+the iteration's metrics (train/view_metrics.py), the old log-probs' source
+(train/old_logprobs.py), checkpoints (train/checkpoint.py), a non-finite update's report
+(train/faults.py).
 """
 
 from __future__ import annotations
@@ -34,17 +35,12 @@ from empo2_jax.rl import update as update_lib
 from empo2_jax.train import build
 from empo2_jax.train import checkpoint as ckpt_lib
 from empo2_jax.train import faults, settings, view_metrics
-from empo2_jax.train.hoststats import (
-  CompileCounter,
-  PhasePeaks,
-  iteration_host_metrics,
-  release_host_memory,
-)
+from empo2_jax.train.hoststats import PhasePeaks, release_host_memory
 from empo2_jax.train.faults import NonFiniteError
 from empo2_jax.train.evaluate import Evaluator, eval_metrics
-from empo2_jax.train.metrics import MetricsWriter, episode_summary, is_remote
+from empo2_jax.train.metrics import MetricsWriter, is_remote
 from empo2_jax.train.old_logprobs import OldLogprobs
-from empo2_jax.train.run_control import StopSignal, maybe_profile
+from empo2_jax.train.run_control import StopSignal, run_loop
 
 log = logging.getLogger("empo2_jax")
 
@@ -296,8 +292,8 @@ class Trainer:
     self._stop_if_nonfinite(mode, upd, info, advantages)
 
     self.last_episodes = rollout.episodes
-    metrics = self.iteration_metrics(
-      mode, rollout.episodes, turns, advantages, rollout_stats, bstats
+    metrics = view_metrics.iteration_metrics(
+      mode, rollout.episodes, turns, advantages, rollout_stats, bstats, len(self.memory.store)
     )
     # What the mask and the length check did to each view; per turn into the saved episodes.
     view_metrics.attach(turns, batch["sample_index"], self.last_per_sample)
@@ -413,38 +409,6 @@ class Trainer:
     lead = jax.process_index() == 0
     raise faults.nonfinite_error(self, self.iteration + 1, mode, bad, info, self.last_batch, lead)
 
-  def iteration_metrics(
-    self, mode: str, episodes: list, turns: list, advantages, stats: dict, bstats: dict
-  ) -> dict:
-    """The iteration's rollout, memory and batch metrics (the update's and the timings are
-    added by train_iteration)."""
-    summary = episode_summary(episodes)
-    ok = [e for e in episodes if not e.env_failed]
-    intrinsic = [t.intrinsic for t in turns]
-    memory_steps = stats.get("memory_steps")
-    return {
-      "mode": mode,
-      "mode_id": batch_lib.MODES.index(mode),
-      "return_mean": summary["return_mean"],
-      "return_std": summary["return_std"],
-      "success": summary["success"],
-      "episode_steps": float(np.mean([len(e.turns) for e in ok])) if ok else 0.0,
-      "env_steps": int(sum(len(e.turns) for e in ok)),  # this iteration's; plot.py --x=env_steps
-      "env_failed": summary["env_failed"],
-      "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
-      "memory_size": len(self.memory.store),
-      "retrieval_hits_per_step": stats["retrieved"] / memory_steps if memory_steps else 0.0,
-      "tips_written": stats.get("tips", 0),
-      "memory_writes": stats.get("memory_writes", 0),
-      "prefill_tokens": stats.get("prefill_tokens", 0),
-      "reused_tokens": stats.get("reused_tokens", 0),
-      "samples": bstats["n_samples"],
-      "dropped_long": bstats["n_dropped_prompt"],
-      "train_tokens": bstats["tokens"],
-      "batch_rows": bstats["rows"],
-      "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
-    }
-
   def eval_episodes(self, with_memory: bool = False) -> list:
     """The test rows' episodes of the current policy (train/evaluate.Evaluator), drawn with the
     iteration's evaluation key."""
@@ -460,47 +424,10 @@ class Trainer:
     return {**eval_metrics(episodes, with_memory), f"time/{tag}": time.perf_counter() - t0}
 
   def run(self, iterations: Optional[int] = None) -> list[dict]:
-    c = self.config
-    total = c.train.iterations if iterations is None else iterations
-    history = []
-    every_ckpt = c.train.checkpoint_every
-    try:
-      CompileCounter.install()
-      while self.iteration < total:
-        t0 = time.perf_counter()
-        compiles0, compile_s0 = CompileCounter.totals()
-        with maybe_profile(self.workdir, self.iteration + 1, c.train.profile_iteration):
-          m = self.train_iteration()
-        self.iteration += 1
-        every = c.train.eval_every
-        last = self.iteration == total
-        if (every and self.iteration % every == 0) or (last and c.train.eval_at_end):
-          m.update(self.evaluate(False))
-          if c.train.eval_with_memory:
-            m.update(self.evaluate(True))
-        m["time/iteration"] = time.perf_counter() - t0
-        m.update(iteration_host_metrics(self.phase_peaks, compiles0, compile_s0))
-        # Multi-host: every host holds the same metrics and episodes; process 0 writes them.
-        if jax.process_index() == 0:
-          try:
-            self.metrics.write(self.iteration, m)
-            if self.episode_log is not None:
-              self.episode_log.write(self.iteration, self.last_episodes)
-          except OSError as e:  # disk full: stop, naming the checkpoint a rerun resumes from
-            what = f"the metrics and episodes of iteration {self.iteration}"
-            raise faults.write_error(self, what, e) from e
-        history.append(m)
-        stop = self.stop_signal.requested()  # multi-host: every host the same answer
-        if stop or last or (every_ckpt and self.iteration % every_ckpt == 0):
-          self.save_checkpoint(wait=stop)
-        if stop:
-          self.preempted = self.iteration < total
-          break
-      if self.episode_log is not None and not self.preempted and jax.process_index() == 0:
-        self.episode_log.build_dataset()
-    finally:
-      self.close()
-    return history
+    """Iterations up to `iterations` (config.train.iterations), with evaluation, records and
+    checkpoints between them (train/run_control.run_loop); the metrics of each. Closes the
+    trainer at the end."""
+    return run_loop(self, self.config.train.iterations if iterations is None else iterations)
 
   def close(self) -> None:
     """Close everything, then raise the first error (CheckpointSaveError: the last async save

@@ -1,4 +1,5 @@
-"""Per-view instrumentation of an iteration: what the low-probability mask (docs/method.md §5) and
+"""An iteration's metrics of its rollout and batch (`iteration_metrics`), and the per-view
+instrumentation: what the low-probability mask (docs/method.md §5) and
 the prompt-length check did to each view's samples, and how many tips each memory step showed.
 
     per = update_metrics.pop("per_sample")            # rl/update.per_sample_stats, [B, T] arrays
@@ -37,6 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from empo2_jax.rl.batch import MODES
+from empo2_jax.train.metrics import episode_summary
 
 MASK_KEYS = ("masked", "min_old_logp", "old_logp_sum", "tokens")  # rl/update.per_sample_stats
 
@@ -131,4 +133,38 @@ def view_metrics(
   return out
 
 
-__all__ = ["attach", "view_metrics"]
+def iteration_metrics(
+  mode: str, episodes: list, turns: list, advantages, stats: dict, bstats: dict, memory_size: int
+) -> dict:
+  """The iteration's rollout, memory and batch metrics (the update's, the views' and the timings
+  are added by Trainer.train_iteration). `stats`: the rollout's and reflection's counts;
+  `bstats`: rl/batch's; `memory_size`: tips in memory after the reflection."""
+  summary = episode_summary(episodes)
+  ok = [e for e in episodes if not e.env_failed]
+  intrinsic = [t.intrinsic for t in turns]
+  memory_steps = stats.get("memory_steps")
+  return {
+    "mode": mode,
+    "mode_id": MODES.index(mode),
+    "return_mean": summary["return_mean"],
+    "return_std": summary["return_std"],
+    "success": summary["success"],
+    "episode_steps": float(np.mean([len(e.turns) for e in ok])) if ok else 0.0,
+    "env_steps": int(sum(len(e.turns) for e in ok)),  # this iteration's; plot.py --x=env_steps
+    "env_failed": summary["env_failed"],
+    "intrinsic_mean": float(np.mean(intrinsic)) if intrinsic else 0.0,
+    "memory_size": memory_size,
+    "retrieval_hits_per_step": stats["retrieved"] / memory_steps if memory_steps else 0.0,
+    "tips_written": stats.get("tips", 0),
+    "memory_writes": stats.get("memory_writes", 0),
+    "prefill_tokens": stats.get("prefill_tokens", 0),
+    "reused_tokens": stats.get("reused_tokens", 0),
+    "samples": bstats["n_samples"],
+    "dropped_long": bstats["n_dropped_prompt"],
+    "train_tokens": bstats["tokens"],
+    "batch_rows": bstats["rows"],
+    "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
+  }
+
+
+__all__ = ["attach", "iteration_metrics", "view_metrics"]
