@@ -54,7 +54,7 @@ from typing import Callable, Optional, Sequence
 import jax
 
 from empo2_jax.agent import hosts, prompts
-from empo2_jax.agent.episode import ActorSettings, Episode
+from empo2_jax.agent.episode import ActorSettings, Episode, apply_step, reset_episodes
 from empo2_jax.agent.episode_keys import EpisodeKeys
 from empo2_jax.agent.memory import Memory, chat_key, recent_key
 from empo2_jax.envs.base import PromptSet
@@ -277,12 +277,7 @@ class Actor:
   def _reset(self, episodes: list[Episode]) -> list[str]:
     """Every episode's first observation (its env reset)."""
     with self._timed("env"):
-      resets = self.pool.reset([(e.task, e.variation) for e in episodes])
-    for e, r in zip(episodes, resets):
-      e.env_failed = r.info.env_failed
-      e.done = e.env_failed
-      e.states.append(r.info.state or r.observation)
-    return [r.observation for r in resets]
+      return reset_episodes(self.pool, episodes)
 
   def _retrieve(self, episodes, keys, use_memory: bool, fallback: bool) -> list[list[str]]:
     """The tips each episode is shown at this step (none without memory)."""
@@ -371,7 +366,7 @@ class Actor:
     }
     return hosts.sum_stats(stats, same_on_all_hosts=("memory_writes", "time/rollout_reflect"))
 
-  def tip_chat(self, e: Episode) -> list:
+  def tip_writing_chat(self, e: Episode) -> list:
     """The chat `e`'s tip is written from (settings.tip_chat: memory/reflect.reflection_chat)."""
     outcome = prompts.outcome_message(e.final_observation, e.score, self.prompts.score_out_of)
     return reflection_chat(e.messages, self.settings.tip_chat, e.final_observation, outcome)
@@ -384,7 +379,7 @@ class Actor:
     if rollout.session is None:
       raise ValueError("Actor.reflect needs the rollout's session: reflect before Rollout.close()")
     s = self.settings
-    requests = {i: rollout.chats[i].tokens(self.tip_chat(rollout.own[i])) for i in rows}
+    requests = {i: rollout.chats[i].tokens(self.tip_writing_chat(rollout.own[i])) for i in rows}
     out = self.sample(
       rollout.session,
       requests,
@@ -437,17 +432,7 @@ def _record(e: Episode, obs: str, text: str, sampled, res, step: int, r_int: flo
       token_temps=None if token_temps is None else [float(x) for x in token_temps],
     )
   )
-  e.messages.append({"role": "assistant", "content": text})
-  e.executed.append(res.info.executed_action)
-  e.key_lines += [f"observation: {obs.strip()}", f"action: {res.info.executed_action}"]
-  e.score, e.success = float(res.info.score), bool(res.info.success)
-  e.env_failed = e.env_failed or res.info.env_failed
-  e.done = bool(res.done) or res.info.truncated or e.env_failed
-  e.final_observation = res.observation
-  e.states.append(res.info.state or res.observation)
-  e.truncated = bool(res.info.truncated)
-  e.goals = getattr(res.info, "goals", "")
-  return res.observation
+  return apply_step(e, obs, text, res)
 
 
 __all__ = ["Actor", "ActorSettings", "Episode", "Memory", "Rollout"]

@@ -1,4 +1,12 @@
-"""The actor's records: its settings and one episode as it is rolled out (agent/actor.py)."""
+"""The actor's records: its settings and one episode as it is rolled out (agent/actor.py), and
+the two moves every rollout loop makes on an episode (the actor's and baselines/retrospex_agent's):
+`reset_episodes` (the env's first observation) and `apply_step` (the env's answer to a response).
+
+    obs = reset_episodes(pool, episodes)
+    ...                                                   # sample a response per live episode
+    results = pool.step(actions)
+    obs[i] = apply_step(episodes[i], response_text, results[i])
+"""
 
 from __future__ import annotations
 
@@ -74,3 +82,30 @@ class Episode:
   @property
   def episode_return(self) -> float:
     return float(self.score)
+
+
+def reset_episodes(pool, episodes: list[Episode]) -> list[str]:
+  """Resets every episode's env (envs/pool.EnvPool.reset); an env that failed to reset ends its
+  episode at once. The first observations, in order."""
+  resets = pool.reset([(e.task, e.variation) for e in episodes])
+  for e, r in zip(episodes, resets):
+    e.env_failed = e.done = bool(r.info.env_failed)
+    e.states.append(r.info.state or r.observation)
+  return [r.observation for r in resets]
+
+
+def apply_step(e: Episode, obs: str, text: str, res) -> str:
+  """The env's result `res` (envs/base.StepResult) of the response `text` to observation `obs`,
+  into `e`: the chat, the executed action, the key transcript, score and success, the end flags,
+  the env state and goal progress. The next observation."""
+  e.messages.append({"role": "assistant", "content": text})
+  e.executed.append(res.info.executed_action)
+  e.key_lines += [f"observation: {obs.strip()}", f"action: {res.info.executed_action}"]
+  e.score, e.success = float(res.info.score), bool(res.info.success)
+  e.env_failed = e.env_failed or res.info.env_failed
+  e.done = bool(res.done) or res.info.truncated or e.env_failed
+  e.final_observation = res.observation
+  e.states.append(res.info.state or res.observation)
+  e.truncated = bool(res.info.truncated)
+  e.goals = getattr(res.info, "goals", "")
+  return res.observation

@@ -9,8 +9,9 @@ Per step, every running episode's chat is sampled K times in one session call (K
 episode: the rows share the chat, so after the first step each row prefills only the new turn);
 the K texts become candidates (distinct texts, top-k by mean token log-prob); with one candidate
 it is taken, else p = exp(mean log-prob) and q = Q_target(task, obs, a) - V(task, obs) are
-combined with lambda_t = max(b, d^t). The chat keeps the chosen text, as the actor's does. Nothing
-updates the policy or the critic. The same prompts as every other method (the env's PromptSet).
+combined with lambda_t = max(b, d^t). The chat keeps the chosen text, and the env's answer enters
+the episode as in the actor (agent/episode.reset_episodes, apply_step). Nothing updates the policy
+or the critic. The same prompts as every other method (the env's PromptSet).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 import jax
 
-from empo2_jax.agent.episode import ActorSettings, Episode
+from empo2_jax.agent.episode import ActorSettings, Episode, apply_step, reset_episodes
 from empo2_jax.baselines import retrospex as R
 from empo2_jax.baselines import retrospex_iql as iql
 from empo2_jax.baselines.retrospex_data import DEFAULT_MAX_LEN, encode_fields
@@ -85,10 +86,7 @@ class RetrospexAgent:
       settings=self.sampler_settings,
     )
     chats = [ChatTokens(self.tok) for _ in eps]
-    resets = self.pool.reset([(e.task, e.variation) for e in eps])
-    obs = [r.observation for r in resets]
-    for e, r in zip(eps, resets):
-      e.env_failed = e.done = bool(r.info.env_failed)
+    obs = reset_episodes(self.pool, eps)
     keep, t = {}, 0
     while True:
       live = [i for i, e in enumerate(eps) if not e.done]
@@ -128,13 +126,7 @@ class RetrospexAgent:
         chosen[i] = self._choose(eps[i], obs[i], texts, lps, t, stats)
       results = self.pool.step([chosen.get(i) for i in range(len(eps))])
       for i in live:
-        e, res = eps[i], results[i]
-        e.messages.append({"role": "assistant", "content": chosen[i]})
-        e.executed.append(res.info.executed_action)
-        e.score, e.success = float(res.info.score), bool(res.info.success)
-        e.env_failed = e.env_failed or res.info.env_failed
-        e.done = bool(res.done) or res.info.truncated or e.env_failed
-        obs[i] = e.final_observation = res.observation
+        obs[i] = apply_step(eps[i], obs[i], chosen[i], results[i])
         stats["steps"] += 1
       t += 1
     return eps, stats

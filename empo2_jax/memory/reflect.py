@@ -41,8 +41,8 @@ class MemoryWrite:
   key: str
 
 
-def tip_chat(messages: Sequence[Message]) -> list[Message]:
-  """The chat the policy answers to write its tip."""
+def with_tip_prompt(messages: Sequence[Message]) -> list[Message]:
+  """`messages` and then the tip prompt: the chat the policy answers to write its tip."""
   return list(messages) + [{"role": "user", "content": TIP_PROMPT}]
 
 
@@ -64,12 +64,12 @@ def reflection_chat(
               `outcome` (the last observation and the final score) + the tip prompt.
   """
   if variant == "paper":
-    return tip_chat(strip_tips_messages(messages))
+    return with_tip_prompt(strip_tips_messages(messages))
   if variant == "release":
     chat = [dict(m, content=drop_tip_tags(m["content"])) for m in messages]
-    return tip_chat(chat + [{"role": "user", "content": final_observation.strip()}])
+    return with_tip_prompt(chat + [{"role": "user", "content": final_observation.strip()}])
   if variant == "outcome":
-    chat = tip_chat(messages)
+    chat = with_tip_prompt(messages)
     chat[-1] = {"role": "user", "content": outcome + chat[-1]["content"]}
     return chat
   raise ValueError(f"tip_chat={variant!r}; valid: {', '.join(TIP_CHATS)}")
