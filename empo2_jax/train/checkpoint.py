@@ -43,6 +43,7 @@ import errno
 import io
 import json
 import logging
+import threading
 import time
 from typing import Any, Optional
 
@@ -203,6 +204,7 @@ class Checkpointer:
         mgr.close()
       except Exception:  # noqa: BLE001 - the first error is the one to report
         pass
+    _join_orbax_threads(ORBAX_JOIN_S)
     raise CheckpointSaveError(self.directory, step, previous, error) from error
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, np.ndarray, dict]:
@@ -273,6 +275,22 @@ class Checkpointer:
       if self._mgr is not None:
         self._mgr.close()
         self._mgr = None
+
+
+ORBAX_JOIN_S = 60.0  # how long a failed save waits for orbax's other threads of that save
+
+
+def _join_orbax_threads(timeout: float) -> None:
+  """Waits (up to `timeout` seconds in all) for orbax's background threads of a failed save
+  (e.g. the metadata writer that runs after the commits) to end. Otherwise they run on while the
+  error ends the program and print a second traceback after its one-line message (the Python
+  interpreter refuses their work once it shuts down)."""
+  deadline = time.monotonic() + timeout
+  for t in threading.enumerate():
+    if t is threading.current_thread() or not type(t).__module__.startswith("orbax."):
+      continue
+    # threading.Thread.join: orbax's own join re-raises the thread's error; this one only waits.
+    threading.Thread.join(t, max(0.0, deadline - time.monotonic()))
 
 
 def describe_error(error: BaseException) -> str:

@@ -111,6 +111,8 @@ def _record(i, n):
       "advantage": [0.0] * n,
       "num_tips": [0] * n,
       "num_tokens": [0] * n,
+      "lowprob_masked": [-1] * n,  # not in an update (data/trajectories.py)
+      "min_old_logp": [0.0] * n,
     },
     "tips": [],
     "response_ids": [],
