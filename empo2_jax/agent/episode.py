@@ -5,7 +5,7 @@ the two moves every rollout loop makes on an episode (the actor's and baselines/
     obs = reset_episodes(pool, episodes)
     ...                                                   # sample a response per live episode
     results = pool.step(actions)
-    obs[i] = apply_step(episodes[i], response_text, results[i])
+    obs[i] = apply_step(episodes[i], obs[i], response_text, results[i])
 """
 
 from __future__ import annotations

@@ -281,8 +281,9 @@ ORBAX_JOIN_S = 60.0  # how long a failed save waits for orbax's other threads of
 
 
 def _join_orbax_threads(timeout: float) -> None:
-  """Waits (up to `timeout` seconds in all) for orbax's background threads of a failed save
-  (e.g. the metadata writer that runs after the commits) to end. Otherwise they run on while the
+  """Waits (up to `timeout` seconds in all) for orbax's background threads still running, which
+  after a failed save are that save's (Checkpointer.save waits for the save before it), e.g. the
+  metadata writer that runs after the commits. Otherwise they run on while the
   error ends the program and print a second traceback after its one-line message (the Python
   interpreter refuses their work once it shuts down)."""
   deadline = time.monotonic() + timeout
