@@ -12,6 +12,7 @@ import ml_collections
 from empo2_jax import methods
 from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
 from empo2_jax.methods import empo2 as empo2_method
+from empo2_jax.rl import loss_terms
 
 
 def get_config(arg=None):
@@ -104,6 +105,11 @@ def get_config(arg=None):
     low_prob_delta=-5.0,
     policy_loss="ppo_clip",  # a name in rl/losses.POLICY_LOSSES
   )
+  # The registered loss terms' keys (rl/loss_terms.py): ctx_kl_coef / ctx_kl_clip (on-policy
+  # context distillation), opid_coef (OPID's hindsight token advantage), and any a user registers
+  for k, v in loss_terms.default_keys().items():
+    if k not in c.loss:
+      c.loss[k] = v
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
   # GiGPO only (rl/advantages.gigpo_advantages): episode statistics over one score per rollout
   # ('trajectory') or over every turn row of the group ('steps', verl-agent's default), and the
@@ -122,7 +128,7 @@ def get_config(arg=None):
     epochs=1,
     # paper-era: a turn sample longer than 8192 tokens (prompt + 32-token response) is dropped
     max_prompt_len=8160,
-    prompt_len_check="both",  # or 'tip_free' (release): rl/batch.py
+    prompt_len_check="both",  # 'both', 'sampled' (the release's) or 'tip_free': rl/batch.py
     # 'turn' (the authors): one row per turn sample, mini-batches of turn samples shuffled across
     # the iteration; 'packed' (ours, the CPU variants): one row per episode and view, so a
     # mini-batch holds whole episodes (the same first-order update, noisier steps; rl/batch.py)

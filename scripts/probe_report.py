@@ -3,14 +3,18 @@ committed records (... archive). Reads ROOT/scores/<arm>_s<seed>.json and start.
 (launch/probe.py --out), ROOT/evals/<arm>_s<seed>/eval/result.json (launch/eval.py) and
 ROOT/arms/<arm>_s<seed>/metrics.jsonl (the update's view/<mode>/ metrics); prints markdown.
 
-  python scripts/probe_report.py ROOT [--arms="A D B C"] [--seeds="0 1 2"]
+  python scripts/probe_report.py ROOT [--arms="A D B C"] [--seeds="0 1 2"] [--scores=scores]
   python scripts/probe_report.py ROOT --archive=docs/probe   # the inputs above, small, copied
 
 Per arm: the change from the start in the probe's mean tip-free log-prob per token (success set:
 what tips achieved; failed set: the specificity control) and in its top-1 agreement, mean ± s.e.
 over seeds; the paired difference of the success-set change against arm D (any update, no
 distillation) and against arm A (the paper-era default), by seed, with a 95% t-interval over
-seeds; tip-free success and return on the probe variations; the update's masked fractions.
+seeds; tip-free success and return on the probe variations; the update's masked fractions; the
+off-policy ratio's quantiles, the share of positive-advantage tokens with r < 1 - eps_low and the
+teacher-student KL estimate (means over the run's iterations of loss/ratio_p5, ..., loss/ctx_kl_k1).
+--scores picks the probe set's scores directory (scores: the unseen dev set; scores_insample: the
+update variations' own set).
 An arm-seed without its score is left out (n says how many seeds each figure has).
 """
 
@@ -72,13 +76,23 @@ def _interval(values, fmt=".3f"):
   return f"{m:+{fmt}} [{lo:+{fmt}}, {hi:+{fmt}}]" if len(values) > 1 else f"{m:+{fmt}}"
 
 
-def report(root, arms, seeds) -> str:
-  start = _load(os.path.join(root, "scores", "start.json"))
+def update_figures(records) -> dict:
+  """Means over a run's iterations of the update's ratio and teacher figures (absent: nan)."""
+  keys = ("ratio_p5", "ratio_p50", "ratio_p95", "pos_adv_low_ratio", "ctx_kl_k1")
+  out = {}
+  for k in keys:
+    vals = [r[f"loss/{k}"] for r in records if f"loss/{k}" in r]
+    out[k] = float(np.mean(vals)) if vals else math.nan
+  return out
+
+
+def report(root, arms, seeds, scores="scores") -> str:
+  start = _load(os.path.join(root, scores, "start.json"))
   base = {s: start["sets"][s] for s in SETS}
   delta = {}  # (arm, seed) -> {set: d logp, "top1": d top1}
   for arm in arms:
     for seed in seeds:
-      path = os.path.join(root, "scores", f"{arm}_s{seed}.json")
+      path = os.path.join(root, scores, f"{arm}_s{seed}.json")
       if os.path.exists(path):
         got = _load(path)["sets"]
         d = {s: got[s]["logp_mean"] - base[s]["logp_mean"] for s in SETS}
@@ -91,8 +105,9 @@ def report(root, arms, seeds) -> str:
     "",
     "| arm | n | d logp success | d logp failed | d top-1 success | - D (95% over seeds) "
     "| - A (95% over seeds) | tip-free success (probe vars) | masked / samples "
-    "| masked pos-adv / pos-adv | dropped_long |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    "| masked pos-adv / pos-adv | dropped_long | ratio p5 / p50 / p95 | A>0, r<1-eps "
+    "| teacher KL |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for arm in arms:
     got = [s for s in seeds if (arm, s) in delta]
@@ -109,6 +124,9 @@ def report(root, arms, seeds) -> str:
         succ.append(float(np.mean(_load(path)["successes"])))
     mask = [mask_figures(_metrics(root, f"{arm}_s{s}")) for s in got]
     tot = {k: sum(m[k] for m in mask) for k in (mask[0] if mask else {})}
+    upd = [update_figures(_metrics(root, f"{arm}_s{s}")) for s in got]
+    fig = {k: float(np.mean([u[k] for u in upd])) if upd else math.nan for k in (
+      "ratio_p5", "ratio_p50", "ratio_p95", "pos_adv_low_ratio", "ctx_kl_k1")}  # fmt: skip
     lines.append(
       f"| {arm} | {len(got)} | {_pm([delta[(arm, s)]['success'] for s in got])} "
       f"| {_pm([delta[(arm, s)]['failed'] for s in got])} "
@@ -116,7 +134,9 @@ def report(root, arms, seeds) -> str:
       f"| {_pm(succ, '.2f')} "
       f"| {tot.get('masked', 0)} / {tot.get('samples', 0)} "
       f"| {tot.get('masked_pos_adv', 0)} / {tot.get('pos_adv', 0)} "
-      f"| {tot.get('dropped_long', 0)} |"
+      f"| {tot.get('dropped_long', 0)} "
+      f"| {fig['ratio_p5']:.3f} / {fig['ratio_p50']:.3f} / {fig['ratio_p95']:.3f} "
+      f"| {fig['pos_adv_low_ratio']:.3f} | {fig['ctx_kl_k1']:.3f} |"
     )
   start_eval = os.path.join(root, "evals", "start", "eval", "result.json")
   if os.path.exists(start_eval):
@@ -130,8 +150,9 @@ def report(root, arms, seeds) -> str:
 
 def archive(root, dest) -> None:
   """Scores, eval results, run metrics and the probe set into `dest` (same layout)."""
-  pats = ("scores/*.json", "evals/*/eval/result.json", "arms/*/metrics.jsonl",
-          "memory/metrics.jsonl", "probe/probe.jsonl", "probe/eval/result.json",
+  pats = ("scores/*.json", "scores_insample/*.json", "evals/*/eval/result.json",
+          "arms/*/metrics.jsonl", "memory/metrics.jsonl", "probe/probe.jsonl",
+          "probe/eval/result.json", "insample/probe.jsonl", "insample/eval/result.json",
           "sft/sft_summary.json")  # fmt: skip
   for pat in pats:
     for src in glob.glob(os.path.join(root, pat)):
@@ -147,11 +168,13 @@ def main():
   ap.add_argument("--arms", default="A D B C")
   ap.add_argument("--seeds", default="0 1 2")
   ap.add_argument("--archive", default="")
+  ap.add_argument("--scores", default="scores", help="scores (dev set) or scores_insample")
   args = ap.parse_args()
   if args.archive:
     archive(args.root, args.archive)
     return
-  print(report(args.root, args.arms.split(), [int(s) for s in args.seeds.split()]))
+  seeds = [int(s) for s in args.seeds.split()]
+  print(report(args.root, args.arms.split(), seeds, args.scores))
 
 
 if __name__ == "__main__":

@@ -139,11 +139,30 @@ class Actor:
   def user_message(self, ep: Episode, observation: str, tips: Sequence[str] = ()) -> str:
     """The next user message of `ep`: the first one (the task's material, opened by the
     episode's note) or a step's."""
-    if not ep.messages:
+    return self._user_text(ep, not ep.messages, observation, tips)
+
+  def _user_text(self, ep: Episode, first: bool, observation: str, tips: Sequence[str]) -> str:
+    if first:
       material = self.materials[(ep.task, ep.variation)]
-      first = self.prompts.first_user_message(material, observation, tips)
-      return f"{ep.note.strip()}\n\n{first}" if ep.note.strip() else first
+      text = self.prompts.first_user_message(material, observation, tips)
+      return f"{ep.note.strip()}\n\n{text}" if ep.note.strip() else text
     return self.prompts.step_user_message(observation, tips)
+
+  def chats_with_tips(self, ep: Episode, tips_per_step: Sequence[Sequence[str]]) -> list:
+    """Each turn's chat as it would read with tips_per_step[j] shown in its j-th user message
+    (the teacher views of methods/ctx_distill.py and methods/opid.py): [chat of turn k, ...],
+    each the turn's messages with every user message rebuilt from its observation."""
+    out = []
+    for turn in ep.turns:
+      chat, j = [], 0
+      for m in turn.messages:
+        if m["role"] == "user":
+          tips = tips_per_step[j] if j < len(tips_per_step) else ()
+          m = {"role": "user", "content": self._user_text(ep, j == 0, ep.observations[j], tips)}
+          j += 1
+        chat.append(m)
+      out.append(chat)
+    return out
 
   def key_text(self, ep: Episode, observation: Optional[str]) -> str:
     """The memory key of `ep` before its next user message (observation None: at its end)."""
@@ -172,6 +191,7 @@ class Actor:
     notes: Optional[Sequence[str]] = None,
     sampler=None,
     memory_fallback: bool = False,
+    shadow_memory: bool = False,
   ) -> Rollout:
     """specs: (task, variation, group_id) per episode. The finished episodes are in spec order.
 
@@ -182,14 +202,21 @@ class Actor:
     episodes, temperature=, keep_prefix=) -> {i: (ids, logprobs, per-token temperatures)}.
     memory_fallback: a variation without a memory slot reads its task's other slots
     (agent/memory.Memory.retrieve); False (training, the authors' per-variation memory): nothing.
+    shadow_memory (with use_memory False): "shadow retrieval", the tips a memory step would show
+    are retrieved at every step and kept in Episode.shadow_tips, but not shown to the sampler
+    (no intrinsic reward either: nothing was shown).
 
     Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
     steps only its share (`hosts.host_share`) in its own pool, with `params` on its own devices
     (`hosts.sampling_params`). Every process gets all episodes, and the stats' counters summed
     over hosts. Episode i samples with keys folded from i, whichever host runs it.
     """
-    if use_memory and self.memory is None:
-      raise ValueError("use_memory=True needs an Actor built with a Memory")
+    if (use_memory or shadow_memory) and self.memory is None:
+      raise ValueError("use_memory=True or shadow_memory=True needs an Actor built with a Memory")
+    if use_memory and shadow_memory:
+      raise ValueError(
+        "shadow_memory retrieves tips without showing them: use_memory must be False"
+      )
     missing = sorted({(t, int(v)) for t, v, _ in specs} - set(self.materials))
     if missing:
       raise KeyError(f"no prompt material for {missing}; build the Actor with those variations")
@@ -215,7 +242,9 @@ class Actor:
         mesh=self.mesh,
         engine=engine,
       )
-      self._run_episodes(out, use_memory, temperature, k_steps, sampler, memory_fallback)
+      self._run_episodes(
+        out, use_memory, temperature, k_steps, sampler, memory_fallback, shadow_memory
+      )
     stats = _step_counts(own, use_memory)
     stats.update({k: int(out.session.stats[k]) if own else 0 for k in SESSION_COUNTERS})
     # Wall-clock phases of this host's rollout (time/rollout_*): sampling (prefill + decode of
@@ -227,7 +256,14 @@ class Actor:
     return out
 
   def _run_episodes(
-    self, run: Rollout, use_memory: bool, temperature: float, rng, sampler, memory_fallback: bool
+    self,
+    run: Rollout,
+    use_memory: bool,
+    temperature: float,
+    rng,
+    sampler,
+    memory_fallback: bool,
+    shadow_memory: bool = False,
   ) -> None:
     """Steps this host's episodes to their ends in lock-step; step t samples with
     fold_in(fold_in(rng, t), episode index)."""
@@ -241,6 +277,10 @@ class Actor:
       with self._timed("retrieval"):
         keys = [self.key_text(episodes[i], obs[i]) for i in live]
         tips = self._retrieve([episodes[i] for i in live], keys, use_memory, memory_fallback)
+        if shadow_memory:  # retrieved and kept, not shown
+          shadow = self._retrieve([episodes[i] for i in live], keys, True, memory_fallback)
+          for i, tip in zip(live, shadow):
+            episodes[i].shadow_tips.append(list(tip))
       requests = self._prompts(run, live, obs, keys, tips, keep)
       with self._timed("sampling"):
         step_key = jax.random.fold_in(rng, step)

@@ -64,6 +64,8 @@ class Episode:
   observations: list = dataclasses.field(default_factory=list)
   retrieved: list = dataclasses.field(default_factory=list)  # memories shown per step
   tips_shown: list = dataclasses.field(default_factory=list)  # their texts, per step
+  # tips retrieved but not shown, per step (Actor.rollout's shadow_memory; teacher views)
+  shadow_tips: list = dataclasses.field(default_factory=list)
   # tokens of the whole chat each step's prompt holds (before any sampler truncation)
   prompt_tokens: list = dataclasses.field(default_factory=list)
   score: float = 0.0

@@ -11,6 +11,9 @@
   herl.py       herl: hindsight-guided re-rollouts of failed groups
   spa.py        spa: self-play world-model SFT data (train/spa_run.py), then RL on <answer>
   rnd.py        empo2_rnd: RND's reward in place of EMPO2's 1/(n+1)
+  empo2_release.py  empo2_release: EMPO2 as the authors shipped it (release ratio, no mask)
+  ctx_distill.py  ctx_distill: on-policy context distillation (shadow retrieval, reverse KL)
+  opid.py       opid: the hindsight tip's token advantage
 
 Importing this package registers them all, in the order of launch/table.py's columns (Table 1:
 Naive, Reflexion, Retrospex, GRPO, EMPO2; Table 2 adds GiGPO with and without std; then the
@@ -20,6 +23,7 @@ one more module: docs/architecture.md, "How to add a method".
 """
 
 from empo2_jax.methods import baselines, gigpo, grpo, empo2, sge, herl, spa, rnd  # noqa: F401
+from empo2_jax.methods import empo2_release, ctx_distill, opid  # noqa: F401
 from empo2_jax.methods.base import (
   EVAL_COMMAND,
   GRPO_OVERRIDES,

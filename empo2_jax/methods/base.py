@@ -46,11 +46,14 @@ class RolloutContext:
 
   rollout(specs, *, notes, temperature, rng) -> Rollout: episodes of the current policy without
   memory (mode 'on') on specs [(task, variation, group_id)], each opening with its note.
-  seed: the run's seed. score_out_of: the env's full score (prompts.score_out_of)."""
+  seed: the run's seed. score_out_of: the env's full score (prompts.score_out_of).
+  chats_with_tips(episode, tips_per_step) -> each turn's chat with those tips shown
+  (agent/actor.Actor.chats_with_tips: the teacher views of the loss terms)."""
 
   rollout: Callable
   seed: int
   score_out_of: Any = 100
+  chats_with_tips: Optional[Callable] = None
 
 
 class Plugin:
@@ -116,6 +119,12 @@ class Plugin:
     """A per-step sampler for training rollouts (agent/actor.py's `sampler`), or None."""
     return None
 
+  def memory_view(self, mode: str) -> Optional[str]:
+    """How an iteration of `mode` uses memory: "shown" (tips in the prompts), "shadow" (tips
+    retrieved and kept per step, not shown: Actor.rollout's shadow_memory) or "none"; None
+    leaves it to the mode (shown unless mode is "on")."""
+    return None
+
   def after_rollout(self, ctx: RolloutContext, episodes: list, iteration: int, mode: str, key):
     """(episodes to train on, metrics). Runs on every host with the same gathered episodes."""
     return episodes, {}
@@ -170,6 +179,7 @@ class Method:
 # on the command line still wins.
 GRPO_OVERRIDES = {"empo2.p_memory": 0.0, "loss.low_prob_mask": False}
 
+MEMORY_VIEWS = ("shown", "shadow", "none")  # Plugin.memory_view
 REGISTRY: dict[str, Method] = {}
 PLUGINS: list[type] = []  # registration order = the order the hooks run in
 
@@ -345,6 +355,15 @@ class Hooks:
         return s
     return None
 
+  def memory_view(self, mode: str) -> str:
+    """The first plugin's Plugin.memory_view, else "shown" for a memory mode, "none" for "on"."""
+    views = [v for v in (p.memory_view(mode) for p in self.plugins) if v is not None]
+    if len(set(views)) > 1:
+      raise ValueError(f"the active methods disagree on the memory of a {mode!r} iteration")
+    if views and views[0] not in MEMORY_VIEWS:
+      raise ValueError(f"memory_view {views[0]!r}; valid: {', '.join(MEMORY_VIEWS)}")
+    return views[0] if views else ("none" if mode == "on" else "shown")
+
   def after_rollout(self, ctx: RolloutContext, episodes: list, iteration: int, mode: str, key):
     metrics: dict = {}
     for p in self.plugins:
@@ -374,6 +393,7 @@ __all__ = [
   "Plugin",
   "Method",
   "GRPO_OVERRIDES",
+  "MEMORY_VIEWS",
   "REGISTRY",
   "PLUGINS",
   "UnknownMethod",

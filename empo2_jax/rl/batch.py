@@ -23,12 +23,18 @@ Batch layout (numpy, one row per sample; L = P + R):
                                       sampling temperature (0: the rollout temperature)
   shaping_gamma        [B]    float32 only when a turn has shaping_gamma > 0: the turn's
                                       policy-shaping constant (0: the clipped surrogate)
-Prompt-length check (`BatchConfig.prompt_len_check`): a sample whose prompt is longer than
-max_prompt_len is dropped. "both" (ours) measures every view the sample uses; "tip_free" (the
-release's choice) measures only the tip-free view, whatever the mode. Under "tip_free" a with-tips
-view that is longer than max_prompt_len is kept whole, as the release keeps it (cutting it would
-change what the old log-prob conditions on): P grows to fit it, so the padded width can exceed
-max_prompt_len by the length of the tip blocks.
+  teacher_logp         [B, R] float32 only when a turn has teacher_logprobs: the response's
+                                      log-probs after the prompt WITH tips (the teacher view of
+                                      rl/loss_terms.py; train/teacher.py scores it); 0 elsewhere
+  teacher_mask         [B]    float32 1: the row's turn has teacher log-probs
+Prompt-length check (`BatchConfig.prompt_len_check`): a sample whose prompt is too long is
+dropped. "both" (ours) measures every view the sample uses against max_prompt_len. "sampled" (the
+authors' release, docs/fidelity.md) measures the prompt as sampled, tips included, plus the
+response: prompt + response > max_prompt_len drops the sample, whatever view the update reads
+(the release drops it before its advantages; here the advantages are computed first). "tip_free"
+(a variant of ours) measures only the tip-free view, whatever the mode; a with-tips view longer
+than max_prompt_len is then kept whole (cutting it would change what the old log-prob conditions
+on): P grows to fit it, so the padded width can exceed max_prompt_len by the tip blocks' length.
 
 The prompt is left-padded to P and the response right-padded to R, so the response always sits in
 the last R columns (rl/logprobs.response_logprobs relies on that). P and B are rounded up to a few
@@ -49,7 +55,7 @@ from empo2_jax.tips import TIP_BLOCK_RE, strip_tips_messages
 
 MODES = ("on", "on_tips", "off")
 RATIO_VARIANTS = ("paper", "release")
-PROMPT_LEN_CHECKS = ("both", "tip_free")
+PROMPT_LEN_CHECKS = ("both", "sampled", "tip_free")
 
 
 @dataclasses.dataclass
@@ -80,6 +86,11 @@ class Turn:
   # mask removed this sample, and its lowest old log-prob; None: not in the update's batch.
   lowprob_masked: Optional[bool] = None
   min_old_logp: Optional[float] = None
+  # The teacher view (methods/ctx_distill.py, methods/opid.py): the chat WITH tips (a tip-free
+  # turn's shadow-retrieved tips, or a hindsight tip) and, set by train/teacher.py before the
+  # update, the response's log-probs after it under the weights the update starts from.
+  teacher_messages: Optional[list] = None
+  teacher_logprobs: Optional[list] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,7 +99,7 @@ class BatchConfig:
   default."""
 
   max_prompt_len: int  # longer prompts drop the sample (measured per prompt_len_check)
-  prompt_len_check: str  # "both": every view used; "tip_free": the tip-free view only
+  prompt_len_check: str  # "both" every view used; "sampled" as sampled + response; "tip_free"
   response_len: int  # R; longer responses drop the sample
   ratio_variant: str  # "paper" | "release"
   micro_rows: int  # B is a bucket over multiples of this (the update's micro-batch rows)
@@ -150,6 +161,8 @@ def _select(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig):
     raise ValueError(f"{len(advantages)} advantages for {len(turns)} turns")
   plan = [views_for(t.mode, cfg.ratio_variant) for t in turns]
   needed = {(i, v) for i, views in enumerate(plan) for v in views}
+  if cfg.prompt_len_check == "sampled":
+    needed |= {(i, "tips") for i in range(len(turns))}
   if cfg.prompt_len_check == "tip_free":  # a turn without tip blocks: its "tips" view is tip-free
     needed |= {
       (i, "notips")
@@ -161,6 +174,8 @@ def _select(turns: Sequence[Turn], advantages, tokenizer, cfg: BatchConfig):
   def checked_len(i):
     if cfg.prompt_len_check == "both":
       return max(len(ids[(i, v)]) for v in plan[i])
+    if cfg.prompt_len_check == "sampled":
+      return len(ids[(i, "tips")]) + len(turns[i].response_ids)
     return len(ids.get((i, "notips"), ids.get((i, "tips"))))
 
   keep, n_long_prompt, n_long_resp = [], 0, 0
@@ -238,7 +253,8 @@ def build_batch(
 
 
 def _optional_arrays(out: dict, members: list, turns: Sequence[Turn], lead: tuple, R: int) -> None:
-  """Adds token_temperature (lead + (R,)) and shaping_gamma (lead) when some kept turn has them.
+  """Adds token_temperature (lead + (R,)), shaping_gamma (lead) and teacher_logp (lead + (R,)) with
+  teacher_mask (lead) when some kept turn has them.
   members[b]: the turn indices of row b (one per turn layout, the packed turns otherwise)."""
   kept = [i for m in members for i in m]
   if any(turns[i].token_temps is not None for i in kept):
@@ -261,6 +277,21 @@ def _optional_arrays(out: dict, members: list, turns: Sequence[Turn], lead: tupl
       for k, i in enumerate(m):
         arr[(b, k) if len(lead) == 2 else b] = float(turns[i].shaping_gamma)
     out["shaping_gamma"] = arr
+  if any(turns[i].teacher_logprobs is not None for i in kept):
+    logp, has = np.zeros(lead + (R,), np.float32), np.zeros(lead, np.float32)
+    for b, m in enumerate(members):
+      for k, i in enumerate(m):
+        lps = turns[i].teacher_logprobs
+        if lps is None:
+          continue
+        if len(lps) != len(turns[i].response_ids):
+          raise ValueError(
+            f"turn {i}: {len(lps)} teacher log-probs for {len(turns[i].response_ids)} ids"
+          )
+        at = (b, k) if len(lead) == 2 else (b,)
+        logp[at + (slice(0, len(lps)),)] = lps
+        has[at] = 1.0
+    out["teacher_logp"], out["teacher_mask"] = logp, has
 
 
 def build_packed_batch(
@@ -283,7 +314,8 @@ def build_packed_batch(
     cur_starts, old_starts                      [B, T] int32  first response position of a turn
     response_mask, sampler_logp                 [B, T, R]
     advantages [B, T] float32; sample_index [B, T] int32 (-1: no turn)
-    token_temperature [B, T, R], shaping_gamma [B, T]  only when some turn has them (see above)
+    token_temperature [B, T, R], shaping_gamma [B, T], teacher_logp [B, T, R], teacher_mask
+    [B, T]  only when some turn has them (see above)
   A batch of build_batch is the special case T = 1, starts = L - R (rl/update.as_packed).
   """
   advantages, plan, ids, keep, stats = _select(turns, advantages, tokenizer, cfg)

@@ -1,6 +1,8 @@
 """EMPO2 policy loss (docs/method.md §5): PPO clipped surrogate with asymmetric and dual clipping,
-optional KL-to-reference and entropy terms, and the low-probability sample mask. Tokens sampled
-under another policy may take a shaped, unclipped term instead (`policy_loss(shaping_gamma_br=)`).
+and the low-probability sample mask. Tokens sampled under another policy may take a shaped,
+unclipped term instead (`policy_loss(shaping_gamma_br=)`). A registered policy loss returns its
+policy-gradient term only: KL-to-reference, entropy and the other terms are added by the update in
+one place (rl/loss_terms.py).
 
 All per-token arrays are `[B, R]` over the response tokens (R = padded response length); the mask
 `mask_br` is 1 on real response tokens. Advantages are per sample `[B]` or per token `[B, R]`.
@@ -44,6 +46,8 @@ class LossConfig:
   low_prob_mask: bool
   low_prob_delta: float
   policy_loss: str = "ppo_clip"  # a name in POLICY_LOSSES (register_policy_loss)
+  # The registered loss terms' own keys (rl/loss_terms.py) as ((key, value), ...), sorted
+  terms: tuple = ()
 
   def __post_init__(self):
     if self.policy_loss not in POLICY_LOSSES:
@@ -60,8 +64,8 @@ class LossConfig:
       raise ValueError(f"LossConfig.dual_clip must be > 1, or 0 / None, got {self.dual_clip}")
 
 
-# name -> fn(logp_br, old_logp_br, adv, mask_br, cfg, *, ref_logp_br, entropy_br,
-# shaping_gamma_br, token_denom, seq_denom) -> (loss, metrics): `loss.policy_loss` picks one.
+# name -> fn(logp_br, old_logp_br, adv, mask_br, cfg, *, shaping_gamma_br, token_denom, seq_denom)
+# -> (policy-gradient loss, metrics): `loss.policy_loss` picks one.
 POLICY_LOSSES: dict[str, Callable] = {}
 
 
@@ -139,8 +143,6 @@ def policy_loss(
   mask_br,
   cfg: LossConfig,
   *,
-  ref_logp_br=None,
-  entropy_br=None,
   shaping_gamma_br=None,
   token_denom=None,
   seq_denom=None,
@@ -152,8 +154,8 @@ def policy_loss(
   under another policy, e.g. docs/methods.md §6) the token's term is -A * shaped_ratio(log_ratio,
   gamma) instead of the clipped surrogate (no clipping); where it is 0, the clipped surrogate.
 
-  Returns (loss scalar, metrics dict of scalars). Mean metrics use the same token denominator as
-  the loss (so they add up across micro-batches); `ratio_max` is a max.
+  Returns (policy-gradient loss scalar, metrics dict of scalars). Mean metrics use the same token
+  denominator as the loss (so they add up across micro-batches); `ratio_max` is a max.
   """
   m = mask_br > 0
   adv_br = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp_br.shape)
@@ -194,20 +196,5 @@ def policy_loss(
     metrics["shaped_token_frac"] = tok_mean(shaped.astype(jnp.float32))
     # / shaped_token_frac: the mean weight of the shaped tokens
     metrics["shaped_weight_sum"] = tok_mean(jnp.where(shaped, shaped_w, 0.0))
-  if ref_logp_br is not None:
-    kl = kl_penalty(logp_br, ref_logp_br, mask_br, cfg.kl_estimator)
-    kl_loss = aggregate(kl, mask_br, cfg.agg, token_denom, seq_denom)
-    metrics["kl_ref"] = kl_loss
-    if cfg.kl_coef:
-      loss = loss + cfg.kl_coef * kl_loss
-  elif cfg.kl_coef:
-    raise ValueError("LossConfig.kl_coef > 0 needs ref_logp_br (reference-policy log-probs)")
-  if entropy_br is not None:
-    ent = aggregate(entropy_br, mask_br, cfg.agg, token_denom, seq_denom)
-    metrics["entropy"] = ent
-    if cfg.entropy_coef:
-      loss = loss - cfg.entropy_coef * ent
-  elif cfg.entropy_coef:
-    raise ValueError("LossConfig.entropy_coef > 0 needs entropy_br")
   metrics["loss"] = loss
   return loss, metrics

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from empo2_jax.rl import loss_terms
 from empo2_jax.rl.losses import get_policy_loss
 from empo2_jax.rl.packing import packed_response_logprobs
 
@@ -146,14 +147,48 @@ def no_grad_logprobs(
   )
 
 
+# The off-policy ratio's distribution: a histogram of log r over [-RATIO_HIST_MAX, +RATIO_HIST_MAX]
+# (outside it, the edge bins), summed over micro-batches and steps; rl/update_steps.finish_metrics
+# turns it into the quantiles ratio_p5 / p50 / p95.
+RATIO_HIST_BINS = 160
+RATIO_HIST_MAX = 8.0
+
+
+def ratio_measures(x, adv, cfg) -> dict:
+  """Sums over one micro-batch's loss tokens (x: rl/loss_terms.TermInputs; adv [N] or [N, R]):
+  _ratio_hist [RATIO_HIST_BINS] the counts of log r = logp - old_logp per bin; _pos_n the tokens
+  with A > 0 and _pos_low_n those among them with r < 1 - eps_low (where the clipped surrogate
+  shrinks a positive advantage's update toward zero)."""
+  m = x.mask > 0
+  log_r = jax.lax.stop_gradient(jnp.where(m, x.logp - x.old_logp, 0.0))
+  width = 2 * RATIO_HIST_MAX / RATIO_HIST_BINS
+  idx = jnp.clip(((log_r + RATIO_HIST_MAX) / width).astype(jnp.int32), 0, RATIO_HIST_BINS - 1)
+  hist = (
+    jnp.zeros((RATIO_HIST_BINS,), jnp.float32)
+    .at[idx.reshape(-1)]
+    .add(m.reshape(-1).astype(jnp.float32))
+  )
+  adv_nr = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, log_r.shape)
+  pos = m & (adv_nr > 0)
+  low = pos & (log_r < jnp.log(1.0 - cfg.eps_low))
+  return {
+    "_ratio_hist": hist,
+    "_pos_n": jnp.sum(pos).astype(jnp.float32),
+    "_pos_low_n": jnp.sum(low).astype(jnp.float32),
+  }
+
+
 def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, model_config, cfg):
   """The policy loss (docs/method.md §5; cfg.loss.policy_loss) of one micro-batch d, leaves [mb,
   ...]: cur_tokens / cur_attn [mb, L], cur_starts [mb, T], old_logp / mask (the low-prob-masked
   response mask) / resp_mask [mb, T, R], advantages [mb, T], and where present
-  token_temperature [mb, T, R], shaping_gamma [mb, T], ref_logp [mb, T, R]. Its turns are read
-  as mb * T samples, summed over the mini-batch denominators token_denom / seq_denom (scalars),
-  so micro-batch losses add up to the mini-batch's. Returns (scalar loss, metrics): the loss's
-  metrics and the _diff_ sums of |log-prob - old log-prob| over every real response token."""
+  token_temperature [mb, T, R], shaping_gamma [mb, T], ref_logp [mb, T, R], teacher_logp [mb,
+  T, R] and teacher_mask [mb, T]. Its turns are read as mb * T samples, summed over the
+  mini-batch denominators token_denom / seq_denom (scalars), so micro-batch losses add up to the
+  mini-batch's. The loss is the policy loss (cfg.loss.policy_loss, on the advantages with any
+  advantage term added) plus the loss terms (rl/loss_terms.add_terms). Returns (scalar loss,
+  metrics): the loss's and terms' metrics, ratio_measures' sums and the _diff_ sums of |log-prob
+  - old log-prob| over every real response token."""
   lcfg = cfg.loss
   resp_len = d["mask"].shape[-1]
   logp, ent = chunk_logprobs(
@@ -179,18 +214,35 @@ def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, model
     "_diff_n": jnp.sum(real).astype(jnp.float32),
     "_diff_max": jnp.max(diff),
   }
-  loss, met = get_policy_loss(lcfg.policy_loss)(
-    flat(logp),
-    flat(d["old_logp"]),
-    flat(d["advantages"]),
-    flat(d["mask"]),
+  teacher_mask = d.get("teacher_mask")
+  if teacher_mask is not None:  # [mb, T] -> [mb, T, R]
+    teacher_mask = jnp.broadcast_to(teacher_mask[..., None], logp.shape)
+  x = loss_terms.TermInputs(
+    logp=flat(logp),
+    old_logp=flat(d["old_logp"]),
+    mask=flat(d["mask"]),
+    adv=flat(d["advantages"]),
+    agg=lcfg.agg,
+    entropy=flat(ent),
+    ref_logp=flat(d.get("ref_logp")),
+    teacher_logp=flat(d.get("teacher_logp")),
+    teacher_mask=flat(teacher_mask),
+    token_denom=token_denom,
+    seq_denom=seq_denom,
+  )
+  adv = loss_terms.token_advantages(x, lcfg)  # advantage terms (OPID's) added per token
+  pg, met = get_policy_loss(lcfg.policy_loss)(
+    x.logp,
+    x.old_logp,
+    adv,
+    x.mask,
     lcfg,
-    entropy_br=flat(ent),
-    ref_logp_br=flat(d.get("ref_logp")),
     shaping_gamma_br=flat(gamma),
     token_denom=token_denom,
     seq_denom=seq_denom,
   )
+  loss, met = loss_terms.add_terms(pg, met, x, lcfg)
+  met.update(ratio_measures(x, adv, lcfg))
   return loss, {**met, **diff_met}
 
 

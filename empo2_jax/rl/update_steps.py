@@ -28,6 +28,8 @@ import jax.numpy as jnp
 
 from empo2_jax.rl.losses import apply_low_prob_mask
 from empo2_jax.rl.update_grads import (
+  RATIO_HIST_BINS,
+  RATIO_HIST_MAX,
   any_after_first,
   combine_metrics,
   index_tree,
@@ -41,9 +43,15 @@ from empo2_jax.rl.update_grads import (
 # log-probs as 1/T per token, and the policy-shaping constant [B, T] (0: the clipped surrogate),
 # read by the loss (rl/losses.policy_loss, shaping_gamma_br).
 OPTIONAL_KEYS = ("token_temperature", "shaping_gamma")
+# The teacher view (rl/batch.py; present when some turn has one): the response's log-probs after
+# the prompt WITH tips under the weights the update starts from, teacher_logp [B, T, R], and
+# teacher_mask [B, T] (1: the turn has them), read by the loss terms (rl/loss_terms.py).
+TEACHER_KEYS = ("teacher_logp", "teacher_mask")
 # Per-step sums of the first mini-batch's |log-prob - old log-prob| (the sampler-vs-recompute
 # check when the old log-probs come from the sampler): kept out of the averaged step metrics.
 _DIFF_KEYS = ("_diff_sum", "_diff_n", "_diff_max")
+# Sums over every step (rl/update_grads.ratio_measures), turned into figures by finish_metrics
+_RATIO_KEYS = ("_ratio_hist", "_pos_n", "_pos_low_n")
 
 
 def to_chunks(x, n_chunks):
@@ -67,7 +75,9 @@ def as_packed(batch):
   length, resp_len = batch["cur_tokens"].shape[1], batch["response_mask"].shape[1]
   starts = jnp.full((batch["cur_tokens"].shape[0], 1), length - resp_len, jnp.int32)
   out["cur_starts"] = out["old_starts"] = starts
-  for k in ("response_mask", "sampler_logp", "advantages", "sample_index") + OPTIONAL_KEYS:
+  for k in ("response_mask", "sampler_logp", "advantages", "sample_index") + (
+    OPTIONAL_KEYS + TEACHER_KEYS
+  ):
     if k in batch:
       out[k] = jnp.asarray(batch[k])[:, None]
   return out
@@ -125,7 +135,7 @@ def chunk_batch(batch, cfg):
     "response_mask",
     "sample_index",
   )
-  used += tuple(k for k in OPTIONAL_KEYS if k in batch)
+  used += tuple(k for k in OPTIONAL_KEYS + TEACHER_KEYS if k in batch)
   return {k: to_chunks(batch[k], n_chunks) for k in used}, n_rows // slot_rows
 
 
@@ -219,8 +229,8 @@ def minibatch_data(
   (data, has_samples_s). data: leaves [n_slots, n_micro, mb, ...]: the cur view, old_logp,
   advantages, mask, resp_mask, the optional keys present, and with cfg.loss.kl_coef the
   reference policy's log-probs of the cur view (no_grad_logprobs of ref_params over the chunks
-  with has_tokens_c; ValueError without ref_params). has_samples_s [n_slots]: the slots holding
-  real samples (sample_index >= 0)."""
+  with has_tokens_c; ValueError without ref_params), and the teacher view's keys where present.
+  has_samples_s [n_slots]: the slots holding real samples (sample_index >= 0)."""
   n_chunks = ch["cur_tokens"].shape[0]
   data = {
     "cur_tokens": ch["cur_tokens"],
@@ -231,7 +241,7 @@ def minibatch_data(
     "mask": to_chunks(mask, n_chunks),
     "resp_mask": ch["response_mask"],
   }
-  for k in OPTIONAL_KEYS:
+  for k in OPTIONAL_KEYS + TEACHER_KEYS:
     if k in ch:
       data[k] = ch[k]
   if cfg.loss.kl_coef:
@@ -290,6 +300,22 @@ def run_epochs(
   return state, met_sum, first
 
 
+def ratio_figures(hist, pos_n, pos_low_n) -> dict:
+  """The ratio r = pi / pi_old over every loss token of the update's steps, from the summed
+  histogram of log r (rl/update_grads.ratio_measures): ratio_p5 / p50 / p95 (bin centres, bins
+  of width 2 * RATIO_HIST_MAX / RATIO_HIST_BINS in log r) and pos_adv_low_ratio, the share of
+  positive-advantage tokens with r < 1 - eps_low."""
+  width = 2 * RATIO_HIST_MAX / RATIO_HIST_BINS
+  centres = -RATIO_HIST_MAX + width * (jnp.arange(RATIO_HIST_BINS) + 0.5)
+  cum = jnp.cumsum(hist) / jnp.maximum(jnp.sum(hist), 1.0)
+  out = {}
+  for q in (5, 50, 95):
+    i = jnp.minimum(jnp.searchsorted(cum, q / 100.0), RATIO_HIST_BINS - 1)
+    out[f"ratio_p{q}"] = jnp.where(jnp.sum(hist) > 0, jnp.exp(centres[i]), 1.0)
+  out["pos_adv_low_ratio"] = pos_low_n / jnp.maximum(pos_n, 1.0)
+  return out
+
+
 def finish_metrics(
   met_sum, first, view_metrics, batch_diff, n_tok, use_sampler, has_samples_s, epochs
 ):
@@ -306,9 +332,12 @@ def finish_metrics(
     jnp.sum(batch_diff) / n_tok,
   )
   maxdiff = jnp.where(use_sampler, first["_diff_max"], jnp.max(batch_diff))
+  met_sum = dict(met_sum)
+  ratio = ratio_figures(*(met_sum.pop(k) for k in _RATIO_KEYS))
   steps = epochs * jnp.sum(has_samples_s.astype(jnp.int32))
   met = {k: (v if k == "ratio_max" else v / jnp.maximum(steps, 1)) for k, v in met_sum.items()}
   met["optim_steps"] = steps
+  met.update(ratio)
   met.update(view_metrics)
   met["sampler_vs_old_logp_absdiff"] = absdiff
   met["sampler_vs_old_logp_maxdiff"] = maxdiff

@@ -3,6 +3,8 @@ batch builder (rl/batch.py) and the actor (agent/actor.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from empo2_jax.agent.actor import ActorSettings
 from empo2_jax import methods
 from empo2_jax.config_keys import by_name
@@ -14,8 +16,11 @@ from empo2_jax.rl.losses import LossConfig
 
 
 def loss_config(c) -> LossConfig:
-  """The `loss` section, key for key."""
-  return LossConfig(**{k: c.loss[k] for k in c.loss.keys()})
+  """The `loss` section, key for key: LossConfig's fields, and the registered loss terms' own
+  keys (rl/loss_terms.py) in LossConfig.terms."""
+  fields = {f.name for f in dataclasses.fields(LossConfig)} - {"terms"}
+  terms = tuple(sorted((k, c.loss[k]) for k in c.loss.keys() if k not in fields))
+  return LossConfig(**{k: c.loss[k] for k in c.loss.keys() if k in fields}, terms=terms)
 
 
 def update_config(c) -> update_lib.UpdateConfig:

@@ -41,6 +41,7 @@ from empo2_jax.train.evaluate import Evaluator, eval_metrics
 from empo2_jax.train.metrics import MetricsWriter, is_remote
 from empo2_jax.train.old_logprobs import OldLogprobs
 from empo2_jax.train.run_control import StopSignal, run_loop
+from empo2_jax.train.teacher import score_teacher_views
 
 log = logging.getLogger("empo2_jax")
 
@@ -87,6 +88,7 @@ class Trainer:
     self.update_cfg = settings.update_config(c)
     # The sampler's log-probs as old ones, where they serve (train/old_logprobs.py).
     self.old_logprobs = OldLogprobs(c, self.update_cfg)
+    self._teacher_logprobs = None  # jitted when a method first asks for teacher views
     self.batch_cfg = settings.batch_config(c, self.tokenizer.pad_token_id)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
     # optim.update_shapes="grow": the largest update shape so far (checkpointed; see defaults.py)
@@ -227,7 +229,10 @@ class Trainer:
       )  # fmt: skip
 
     return methods.RolloutContext(
-      rollout=rollout, seed=int(self.config.seed), score_out_of=self.prompt_set.score_out_of
+      rollout=rollout,
+      seed=int(self.config.seed),
+      score_out_of=self.prompt_set.score_out_of,
+      chats_with_tips=self.actor.chats_with_tips,
     )
 
   def sampling_params(self):
@@ -274,6 +279,8 @@ class Trainer:
       trained, explore_metrics = self.hooks.after_rollout(
         self.rollout_context(), rollout.episodes, it, mode, k_roll
       )
+      # Teacher views a method asked for (rl/loss_terms.py): scored by the current weights.
+      explore_metrics.update(self.score_teachers(trained))
     timing = rollout_timing(rollout_stats, time.perf_counter() - t0)
 
     t0 = time.perf_counter()
@@ -310,15 +317,17 @@ class Trainer:
 
   def rollout(self, rows: list[int], mode: str, key) -> Rollout:
     """rollout.group_size episodes of each row (one GRPO group a row), with memory tips unless
-    the mode is "on" (docs/method.md §1). Multi-host: every host steps its share of the episodes;
-    all get every episode back."""
+    the mode is "on" (docs/method.md §1) or a method says otherwise (Plugin.memory_view).
+    Multi-host: every host steps its share of the episodes; all get every episode back."""
     c = self.config
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
+    view = self.hooks.memory_view(mode)  # "shown", "shadow" (retrieved, not shown) or "none"
     return self.actor.rollout(
       self.sampling_params(),
       self.model_config,
       specs,
-      use_memory=mode != "on",
+      use_memory=view == "shown",
+      shadow_memory=view == "shadow",
       temperature=c.rollout.temperature,
       rng=key,
       mode=mode,
@@ -333,6 +342,18 @@ class Trainer:
     and without evaluation with memory skips the tip sampling."""
     with contextlib.closing(rollout):
       return self.actor.reflect(rollout, self.iteration) if self._memory_read() else {}
+
+  def score_teachers(self, episodes) -> dict:
+    """teacher_logprobs for every turn a method gave teacher_messages (train/teacher.py), under
+    the weights the update starts from; the counts."""
+    turns = trainable_turns(episodes)
+    if not any(t.teacher_messages is not None for t in turns):
+      return {}
+    if self._teacher_logprobs is None:
+      self._teacher_logprobs = update_lib.sample_logprobs_fn(self.model_config, self.update_cfg)
+    return score_teacher_views(
+      self.state.params, turns, self.tokenizer, self.batch_cfg, self._teacher_logprobs
+    )
 
   def advantages(self, turns: list) -> np.ndarray:
     """Each turn's advantage (docs/method.md §6, advantage.estimator), also kept on the turn

@@ -5,8 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from empo2_jax.rl import losses
+from empo2_jax.rl import loss_terms, losses
 from tests.helpers.rl_settings import loss_config
+
+
+def composed_loss(logp, old, adv, mask, cfg, ref=None, ent=None):
+  """The update's loss: the policy loss plus the loss terms (rl/loss_terms.add_terms)."""
+  pg, met = losses.policy_loss(logp, old, adv, mask, cfg)
+  x = loss_terms.TermInputs(
+    logp=logp, old_logp=old, mask=mask, adv=adv, agg=cfg.agg, entropy=ent, ref_logp=ref
+  )
+  return loss_terms.add_terms(pg, met, x, cfg)
 
 
 def ref_token_loss(logp, old, adv, eps_lo, eps_hi, c):
@@ -116,16 +125,16 @@ def test_kl_and_entropy_terms(kl_estimator):
   ref = logp + rng.normal(0, 3.0, logp.shape)  # some low_var_kl values hit the clamp at 10
   ent = rng.random(logp.shape) * 3
   want, _ = ref_loss(logp, old, adv, mask, cfg, ref=ref, ent=ent)
-  loss, met = losses.policy_loss(
+  loss, met = composed_loss(
     *(jnp.asarray(x, jnp.float32) for x in (logp, old, adv, mask)),
     cfg,
-    ref_logp_br=jnp.asarray(ref, jnp.float32),
-    entropy_br=jnp.asarray(ent, jnp.float32),
+    ref=jnp.asarray(ref, jnp.float32),
+    ent=jnp.asarray(ent, jnp.float32),
   )
   np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
   assert "kl_ref" in met and "entropy" in met
-  with pytest.raises(ValueError, match="ref_logp_br"):
-    losses.policy_loss(*(jnp.asarray(x, jnp.float32) for x in (logp, old, adv, mask)), cfg)
+  with pytest.raises(ValueError, match="ref_logp"):
+    composed_loss(*(jnp.asarray(x, jnp.float32) for x in (logp, old, adv, mask)), cfg)
 
 
 def test_low_prob_mask_matches_reference():
@@ -167,7 +176,7 @@ def test_extreme_inputs_finite_and_masked_samples_zero_grad():
     m, _ = losses.apply_low_prob_mask(jnp.asarray(mask), jnp.asarray(old), c)
     # masked positions hold garbage in the current log-probs: must not leak
     lp = jnp.where(m > 0, lp, jnp.nan)
-    return losses.policy_loss(lp, jnp.asarray(old), adv, m, cfg, ref_logp_br=ref, entropy_br=ent)[0]
+    return composed_loss(lp, jnp.asarray(old), adv, m, cfg, ref=ref, ent=ent)[0]
 
   for delta in (-5.0, -100.0):
     loss, g = jax.value_and_grad(f)(logp, delta)

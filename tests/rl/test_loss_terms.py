@@ -1,0 +1,335 @@
+"""Loss terms (rl/loss_terms.py) against numpy: the context-distillation KL, OPID's token
+advantage, the ratio figures; the teacher view's log-probs (train/teacher.py) against a direct
+forward, and in the batch; a term
+registered from this file changes the update's loss; on a tiny model, context distillation moves
+the tip-free policy toward what the tips make likely, and does nothing when the tips are empty."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from empo2_jax.model import llama
+from empo2_jax.rl import loss_terms, losses
+from empo2_jax.rl import update_grads as ug
+from empo2_jax.rl import update_steps as steps
+from empo2_jax.rl.update import init_train_state, make_update_fn
+from tests.helpers.rl_settings import loss_config, update_config
+from tests.helpers.tiny_model import TINY
+from tests.rl.test_update import make_batch
+
+
+def terms_cfg(**values):
+  """LossConfig with the term keys set (the rest at the config's defaults)."""
+  base = loss_config()
+  terms = dict(base.terms)
+  terms.update(values)
+  return dataclasses.replace(base, low_prob_mask=False, terms=tuple(sorted(terms.items())))
+
+
+def inputs(seed, N=6, R=5):
+  rng = np.random.default_rng(seed)
+  logp = rng.normal(-2, 1, (N, R))
+  old = logp + rng.normal(0, 0.5, (N, R))
+  teacher = logp + rng.normal(0, 4, (N, R))  # some |d| beyond the clip of 10? no: up to ~12
+  mask = (rng.random((N, R)) < 0.8).astype(np.float64)
+  tmask = np.repeat((rng.random(N) < 0.7)[:, None], R, 1).astype(np.float64)
+  adv = rng.normal(0, 1, N)
+  return logp, old, teacher, mask, tmask, adv
+
+
+def term_inputs(logp, old, teacher, mask, tmask, adv):
+  f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+  return loss_terms.TermInputs(
+    logp=f(logp),
+    old_logp=f(old),
+    mask=f(mask),
+    adv=f(adv),
+    agg="token_mean",
+    teacher_logp=f(teacher),
+    teacher_mask=f(tmask),
+  )
+
+
+def test_ctx_kl_value_gradient_and_estimate_match_numpy():
+  logp, old, teacher, mask, tmask, adv = inputs(0)
+  teacher[0, 0] = logp[0, 0] - 30.0  # beyond the clip
+  cfg = terms_cfg(ctx_kl_coef=0.7, ctx_kl_clip=10.0)
+  m = (mask > 0) & (tmask > 0)
+  d = np.clip(logp - teacher, -10, 10)
+  want = np.sum(np.where(m, np.exp(logp - old) * d, 0)) / mask.sum()
+  want_grad = np.where(m, np.exp(logp - old) * d, 0) / mask.sum()  # d is held fixed
+  want_k1 = np.sum(np.where(m, logp - teacher, 0)) / mask.sum()
+
+  def f(lp):
+    x = dataclasses.replace(term_inputs(logp, old, teacher, mask, tmask, adv), logp=lp)
+    return loss_terms.ctx_kl(x, cfg)
+
+  (value, met), g = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
+  np.testing.assert_allclose(value, want, rtol=1e-5)
+  np.testing.assert_allclose(g, want_grad, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(met["ctx_kl_k1"], want_k1, rtol=1e-5)
+  # composed: the loss gains coef * value, the metric is logged
+  x = term_inputs(logp, old, teacher, mask, tmask, adv)
+  total, mets = loss_terms.add_terms(jnp.float32(1.5), {}, x, cfg)
+  np.testing.assert_allclose(total, 1.5 + 0.7 * want, rtol=1e-5)
+  assert {"ctx_kl", "ctx_kl_k1", "loss"} <= set(mets)
+
+
+def test_ctx_kl_needs_its_teacher():
+  logp, old, teacher, mask, tmask, adv = inputs(1)
+  x = dataclasses.replace(
+    term_inputs(logp, old, teacher, mask, tmask, adv), teacher_logp=None, teacher_mask=None
+  )
+  with pytest.raises(ValueError, match="ctx_kl_coef"):
+    loss_terms.add_terms(jnp.float32(0), {}, x, terms_cfg(ctx_kl_coef=1.0))
+  # coefficient 0: neither logged nor required
+  _, met = loss_terms.add_terms(jnp.float32(0), {}, x, terms_cfg())
+  assert "ctx_kl" not in met
+
+
+def test_opid_token_advantage_matches_numpy_and_feeds_the_surrogate():
+  logp, old, teacher, mask, tmask, adv = inputs(2)
+  cfg = terms_cfg(opid_coef=0.5)
+  x = term_inputs(logp, old, teacher, mask, tmask, adv)
+  got = np.asarray(loss_terms.token_advantages(x, cfg))
+  m = (mask > 0) & (tmask > 0)
+  want = adv[:, None] + 0.5 * np.where(m, teacher - old, 0.0)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # the policy loss reads them per token: equal to the clipped surrogate with those advantages
+  pg, _ = losses.policy_loss(x.logp, x.old_logp, jnp.asarray(got), x.mask, cfg)
+  r = np.exp(logp - old)
+  tok = np.maximum(-want * r, -want * np.clip(r, 0.8, 1.3))
+  tok = np.where(want < 0, np.minimum(tok, -want * 10.0), tok)
+  np.testing.assert_allclose(pg, np.sum(tok * mask) / mask.sum(), rtol=1e-5)
+  # off: the advantages come back untouched
+  assert loss_terms.token_advantages(x, terms_cfg()) is x.adv
+
+
+def test_ratio_figures_match_numpy_quantiles():
+  rng = np.random.default_rng(3)
+  N, R = 40, 8
+  log_r = rng.normal(-0.5, 1.0, (N, R))
+  old = rng.normal(-2, 1, (N, R))
+  logp = old + log_r
+  mask = (rng.random((N, R)) < 0.9).astype(np.float64)
+  adv = rng.normal(0, 1, N)
+  cfg = loss_config()
+  half = N // 2  # two micro-batches: the sums add up
+  parts = []
+  for s in (slice(0, half), slice(half, N)):
+    x = term_inputs(logp[s], old[s], logp[s], mask[s], mask[s], adv[s])
+    parts.append(ug.ratio_measures(x, x.adv, cfg))
+  summed = {k: parts[0][k] + parts[1][k] for k in parts[0]}
+  figs = steps.ratio_figures(summed["_ratio_hist"], summed["_pos_n"], summed["_pos_low_n"])
+  r = np.exp(log_r[mask > 0])
+  width = 2 * ug.RATIO_HIST_MAX / ug.RATIO_HIST_BINS
+  for q in (5, 50, 95):
+    want = np.quantile(r, q / 100)
+    assert abs(np.log(float(figs[f"ratio_p{q}"])) - np.log(want)) <= width
+  pos = (mask > 0) & (adv[:, None] > 0)
+  want_low = np.sum(pos & (log_r < np.log(1 - cfg.eps_low))) / np.sum(pos)
+  np.testing.assert_allclose(figs["pos_adv_low_ratio"], want_low, rtol=1e-6)
+
+
+def test_teacher_view_logprobs_equal_a_direct_forward():
+  """train/teacher.score_teacher_views against a forward of the model on the chat WITH tips,
+  tokenised as the sampler's prompts are; a teacher chat over max_prompt_len gets none."""
+  from empo2_jax.model.tokenizer import load_tokenizer
+  from empo2_jax.rl.batch import prompt_text
+  from empo2_jax.rl.update import sample_logprobs_fn
+  from empo2_jax.train.teacher import score_teacher_views
+  from tests.helpers.rl_settings import batch_config
+  from tests.rl.test_batch import TIP, make_turn
+
+  tok = load_tokenizer()
+  model = dataclasses.replace(TINY, vocab_size=len(tok))
+  params = llama.init_params(model, jax.random.PRNGKey(0))
+  turns = [make_turn(tok, i, "on", tip=False) for i in range(3)]
+  for t in turns[:2]:
+    t.teacher_messages = [dict(m) for m in t.messages]
+    t.teacher_messages[-1]["content"] = TIP + t.teacher_messages[-1]["content"]
+  turns[1].teacher_messages[-1]["content"] += " word" * 400  # over max_prompt_len below
+  cfg = update_config(micro_rows=2, vocab_chunk=4096)
+  stats = score_teacher_views(
+    params, turns, tok, batch_config(max_prompt_len=300), sample_logprobs_fn(model, cfg)
+  )
+  assert stats == {"teacher/turns": 1.0, "teacher/dropped": 1.0}
+  assert turns[1].teacher_logprobs is None and turns[2].teacher_logprobs is None
+  ids = tok(prompt_text(tok, turns[0].teacher_messages), add_special_tokens=False)["input_ids"]
+  seq = jnp.asarray([ids + turns[0].response_ids])
+  logits = llama.forward(params, model, seq, jnp.ones(seq.shape, jnp.int32))
+  lp = jax.nn.log_softmax(logits[0, len(ids) - 1 : -1] / cfg.temperature, -1)
+  want = np.asarray(lp)[np.arange(len(turns[0].response_ids)), turns[0].response_ids]
+  np.testing.assert_allclose(turns[0].teacher_logprobs, want, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_carries_teacher_logprobs_in_both_layouts():
+  from empo2_jax.model.tokenizer import load_tokenizer
+  from empo2_jax.rl import batch as batch_lib
+  from tests.helpers.rl_settings import batch_config
+  from tests.rl.test_batch import make_turn
+
+  tok = load_tokenizer()
+  turns = [make_turn(tok, i, "on", tip=False) for i in range(3)]
+  turns[1].teacher_logprobs = [-1.0, -2.0, -3.0]
+  for build in (batch_lib.build_batch, batch_lib.build_packed_batch):
+    batch, _ = build(turns, np.zeros(3), tok, batch_config())
+    lead = batch["sample_index"] == 1
+    np.testing.assert_array_equal(batch["teacher_mask"], lead.astype(np.float32))
+    np.testing.assert_array_equal(batch["teacher_logp"][lead][0][:3], [-1.0, -2.0, -3.0])
+    assert not np.any(batch["teacher_logp"][~lead])
+
+
+def test_a_term_registered_here_changes_the_update_loss():
+  @loss_terms.register_loss_term("toy_sq", keys={"toy_sq_coef": 0.0})
+  def toy_sq(x, cfg):
+    return x.mean(x.logp**2), {"toy_sq_seen": x.token_mean(jnp.ones_like(x.logp))}
+
+  try:
+    params = llama.init_params(TINY, jax.random.PRNGKey(0))
+    batch = jax.tree.map(jnp.asarray, make_batch(0))
+    mets = {}
+    for coef in (0.0, 0.25):
+      cfg = update_config(
+        micro_rows=2, minibatch_size=8, loss=terms_cfg(toy_sq_coef=coef)
+      )  # a single mini-batch: its loss is measured before any step
+      state = init_train_state(jax.tree.map(jnp.copy, params), optax.sgd(0.0))
+      _, mets[coef] = make_update_fn(TINY, cfg, optax.sgd(0.0))(state, batch)
+    np.testing.assert_allclose(float(mets[0.0]["toy_sq_seen"]), 1.0, rtol=1e-6)  # logged at coef 0
+    np.testing.assert_allclose(
+      float(mets[0.25]["loss"]) - float(mets[0.0]["loss"]),
+      0.25 * float(mets[0.0]["toy_sq"]),
+      rtol=1e-4,
+    )
+    assert float(mets[0.0]["toy_sq"]) > 0
+  finally:
+    del loss_terms.TERMS["toy_sq"]
+
+
+# ------------------------------------------------------------- context distillation, tiny model
+TIP, ANS0, N_ANS, X0, N_X, P_LEN = 7, 100, 16, 200, 16, 8
+
+
+def _prompts(rng, xs, answers=None):
+  """[n, P_LEN] tip-free prompts (x then filler tokens) or, with answers, the tips view: the
+  first two filler positions hold TIP and the answer."""
+  n = len(xs)
+  tok = rng.integers(300, 500, (n, P_LEN))
+  tok[:, 0] = xs
+  if answers is not None:
+    tok[:, 1], tok[:, 2] = TIP, answers
+  return tok.astype(np.int32)
+
+
+def _resp_logits(params, prompts):
+  logits = llama.forward(params, TINY, jnp.asarray(prompts), jnp.ones(prompts.shape, jnp.int32))
+  return jax.nn.log_softmax(logits[:, -1], -1)
+
+
+def _pretrain(rng):
+  """The tiny model taught two skills by plain cross-entropy: with a tip, answer the token after
+  TIP (a copy); without one, answer some answer token (uniformly). It knows no x -> answer map."""
+  params = llama.init_params(TINY, jax.random.PRNGKey(1))
+  opt = optax.adam(3e-3)
+  state = opt.init(params)
+
+  @jax.jit
+  def step(params, state, prompts, targets):
+    def loss(p):
+      lp = _resp_logits(p, prompts)
+      return -jnp.mean(jnp.take_along_axis(lp, targets[:, None], -1))
+
+    g = jax.grad(loss)(params)
+    upd, state = opt.update(g, state, params)
+    return optax.apply_updates(params, upd), state
+
+  for _ in range(300):
+    xs = rng.integers(X0, X0 + N_X, 64)
+    a = rng.integers(ANS0, ANS0 + N_ANS, 64)
+    with_tip = _prompts(rng, xs[:32], a[:32])
+    without = _prompts(rng, xs[32:])
+    prompts = np.concatenate([with_tip, without])
+    params, state = step(params, state, jnp.asarray(prompts), jnp.asarray(a))
+  return params
+
+
+def _distill(params, rng, answer_of, empty_tips, steps_n=25):
+  """steps_n ctx_distill updates on tip-free samples of the training prompts; advantages 0, so
+  only the reverse-KL term moves the weights."""
+  cfg = update_config(
+    micro_rows=64,
+    minibatch_size=64,
+    vocab_chunk=512,
+    loss=terms_cfg(ctx_kl_coef=1.0),
+  )
+  opt = optax.sgd(0.5)
+  update = make_update_fn(TINY, cfg, opt)
+  state = init_train_state(params, opt)
+  for it in range(steps_n):
+    xs = rng.integers(X0, X0 + N_X, 64)
+    student = _prompts(rng, xs)
+    teacher = student.copy()
+    if not empty_tips:
+      teacher[:, 1], teacher[:, 2] = TIP, answer_of[xs - X0]
+    lp = _resp_logits(state.params, student)
+    y = np.asarray(jax.random.categorical(jax.random.PRNGKey(it), lp))
+    cur = np.concatenate([student, y[:, None]], 1).astype(np.int32)
+    ones = np.ones(cur.shape, np.int32)
+    # the teacher view: the same response after the prompt with the tip, current weights
+    tea = np.asarray(_resp_logits(state.params, teacher))[np.arange(64), y][:, None]
+    batch = {
+      "cur_tokens": cur,
+      "cur_attn": ones,
+      "old_tokens": cur,
+      "old_attn": ones,
+      "teacher_logp": tea.astype(np.float32),
+      "teacher_mask": np.ones(64, np.float32),
+      "response_mask": np.ones((64, 1), np.float32),
+      "sampler_logp": np.zeros((64, 1), np.float32),
+      "advantages": np.zeros(64, np.float32),
+      "sample_index": np.arange(64, dtype=np.int32),
+    }
+    state, met = update(state, jax.tree.map(jnp.asarray, batch))
+  return state.params, met
+
+
+def _held_out(params, rng, answer_of):
+  """On new prompts (new filler tokens): the tip-free log-prob of the answer the tip names, and
+  the full-vocabulary KL(tip-free || with tip) at the response position."""
+  xs = np.arange(X0, X0 + N_X).repeat(4)
+  student = _prompts(rng, xs)
+  teacher = student.copy()
+  teacher[:, 1], teacher[:, 2] = TIP, answer_of[xs - X0]
+  ls = np.asarray(_resp_logits(params, student), np.float64)
+  lt = np.asarray(_resp_logits(params, teacher), np.float64)
+  logp_answer = ls[np.arange(len(xs)), answer_of[xs - X0]].mean()
+  kl = np.sum(np.exp(ls) * (ls - lt), -1).mean()
+  return logp_answer, kl
+
+
+@pytest.mark.slow
+def test_ctx_distill_moves_the_tip_free_policy_toward_the_tips():
+  rng = np.random.default_rng(0)
+  answer_of = ANS0 + np.random.default_rng(1).permutation(N_ANS)  # x -> its answer
+  params = _pretrain(rng)
+  before = _held_out(params, np.random.default_rng(5), answer_of)
+  teacher_lp = np.asarray(
+    _resp_logits(params, _prompts(np.random.default_rng(6), [X0], answer_of[:1]))
+  )[0, answer_of[0]]
+  assert teacher_lp > -1.0, "pre-training did not teach the copy"  # the teacher knows the answer
+  assert before[0] < -2.0  # without the tip the answer is one of 16
+
+  moved, met = _distill(params, np.random.default_rng(2), answer_of, empty_tips=False)
+  after = _held_out(moved, np.random.default_rng(5), answer_of)
+  assert after[0] > before[0] + 0.5, (before, after)  # the tip-free answer became likelier
+  assert after[1] < before[1] - 0.3, (before, after)  # the tip-free/tips KL fell
+  assert float(met["ctx_kl_k1"]) != 0.0
+
+  same, met0 = _distill(params, np.random.default_rng(2), answer_of, empty_tips=True)
+  unchanged = _held_out(same, np.random.default_rng(5), answer_of)
+  assert abs(unchanged[0] - before[0]) < 1e-4 and abs(unchanged[1] - before[1]) < 1e-4
+  assert abs(float(met0["ctx_kl_k1"])) < 1e-5
