@@ -112,6 +112,8 @@ def run(main: Callable, *, checks: Iterable[Callable] = ()) -> NoReturn:
     flags.DEFINE_bool("debug", False, "show the traceback of an error (also: EMPO2_DEBUG=1)")
   if "import" not in flags.FLAGS:
     flags.DEFINE_multi_string("import", [], IMPORT_HELP)
+    # listed by the script's own --help (absl shows the main module's key flags there)
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["import"])
   debug = debug_requested()
   checks = tuple(checks)
 
