@@ -101,7 +101,7 @@ def _learn(c, args):
   c.sft.lr = 1e-4
   c.sft.max_len = 2048
   c.sft.checkpoint_every = 20
-  if args.get("gpu"):  # one H200 / a TPU VM: <= 8 minutes of accelerator time
+  if args.get("gpu"):  # sized for one accelerator (one H200 or a TPU VM); never timed on one
     c.model.compute_dtype = "bfloat16"
     c.rollout.cache_dtype = "bfloat16"
     c.env.workers = 16
@@ -158,10 +158,10 @@ def _format(c, args):
   c.sft.variations = 0 if args.get("gpu") else 8
   c.sft.eval_before = False
   c.sft.eval_after = False
-  # The EMPO2 arms run the paper's p and q (issue 30), not the CPU demo's 0.5 / 0.5 (small_cpu).
+  # The EMPO2 arms run the paper's p and q, not the CPU demo's 0.5 / 0.5 (small_cpu).
   c.empo2.p_memory = 0.25
   c.empo2.q_offpolicy = 2.0 / 3.0
-  # The RL arms keep the authors' action correction (env.action_correction=always, issue 30:
-  # the experiment runs with the faithful defaults). Only the SFT's gold replay steps the gold
+  # The RL arms keep the authors' action correction (env.action_correction=always: the
+  # experiment runs with the faithful defaults). Only the SFT's gold replay steps the gold
   # paths as written (train/sft_gold.gold_env): with "always", the valid "open door to kitchen"
   # of an open door would be mapped to "close door to kitchen".

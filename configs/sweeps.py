@@ -153,7 +153,7 @@ def get_sweep(arg: str) -> list[dict]:
     "tiny2": lambda: fixed(
       sweep("empo2.p_memory", [0.0, 0.5]), empo2__q_offpolicy=0.5, train__iterations=2
     ),
-    # issue 19: the exploration methods side by side on one environment (the config given to
+    # the exploration methods side by side on one environment (the config given to
     # launch/sweep.py, e.g. configs/frozenlake.py:cpu) with the same budget (iterations, rows,
     # group size, evaluation); SPA adds its self-play collection and SFT before its RL
     # (launch/spa.py). docs/exploration_cpu.md has the CPU run.
@@ -162,6 +162,7 @@ def get_sweep(arg: str) -> list[dict]:
     ],
     # the training methods of the paper's Table 1 (table1_commands has every method)
     "table1": lambda: table1_runs(_paper_tasks()),
+    # the same sized for this CPU: 2 tasks, one training iteration each (docs/table1_cpu.md)
     "table1_cpu": lambda: table1_runs(TABLE1_CPU_TASKS, cpu=True),
   }
   if arg not in sweeps:

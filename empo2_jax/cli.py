@@ -16,6 +16,11 @@ workdir) run before `main`, so these errors come back in about a second. With --
 EMPO2_DEBUG=1 in the environment) the exception is raised instead, with its traceback. Any other
 exception is a bug and keeps its traceback. A script's own `sys.exit("error: ...")` is left as it
 is (exit status 1: faults of a running job, such as a failed save).
+
+`--import=MODULE_OR_FILE` (repeatable) on a script that builds a config imports a module
+(`my_pkg.my_method`) or a Python file (`path/to/my_method.py`) before the config is built, so a
+method, estimator or environment it registers is known to the config, the checks and the
+trainer: `import_modules` below, called by `run` (and by the argparse scripts' `main`).
 """
 
 from __future__ import annotations
@@ -105,12 +110,17 @@ def run(main: Callable, *, checks: Iterable[Callable] = ()) -> NoReturn:
 
   if "debug" not in flags.FLAGS:
     flags.DEFINE_bool("debug", False, "show the traceback of an error (also: EMPO2_DEBUG=1)")
+  if "import" not in flags.FLAGS:
+    flags.DEFINE_multi_string("import", [], IMPORT_HELP)
+    # listed by the script's own --help (absl shows the main module's key flags there)
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["import"])
   debug = debug_requested()
   checks = tuple(checks)
 
   def parse(argv):
     from empo2_jax import preflight
 
+    import_modules(import_values(argv))  # before the config file is loaded
     spec = _flag_value(argv, "config")
     if spec is not None:
       preflight.check_overrides(argv[1:], preflight.load_config(spec))
@@ -136,6 +146,66 @@ def run(main: Callable, *, checks: Iterable[Callable] = ()) -> NoReturn:
   raise SystemExit(0)  # not reached: app.run exits
 
 
+IMPORT_HELP = (
+  "a module (my_pkg.my_method) or a Python file (path/to/my_method.py) to import before the "
+  "config is built, e.g. one that registers a method; repeatable"
+)
+_IMPORTED: dict[str, object] = {}  # value -> module: each is imported once per process
+
+
+def import_values(argv: Iterable[str]) -> list[str]:
+  """The values of every --import=V / --import V in argv, in order."""
+  argv, out = list(argv), []
+  for i, a in enumerate(argv):
+    if a.startswith("--import="):
+      out.append(a.split("=", 1)[1])
+    elif a == "--import" and i + 1 < len(argv):
+      out.append(argv[i + 1])
+  return out
+
+
+def import_modules(values: Iterable[str]) -> list:
+  """Import each value once: a path to an existing file (or one ending in .py) by its location,
+  else a module name through the import path. A missing file or module is the user's error."""
+  import importlib
+  import importlib.util
+
+  modules = []
+  for value in values:
+    if value in _IMPORTED:
+      modules.append(_IMPORTED[value])
+      continue
+    if value.endswith(".py") or os.path.isfile(value):
+      if not os.path.isfile(value):
+        raise UserError(f"no such file: {value!r}", "--import", "give a .py file or a module")
+      path = os.path.abspath(value)
+      name = "empo2_user_" + "".join(
+        ch if ch.isalnum() else "_" for ch in os.path.splitext(os.path.basename(path))[0]
+      )
+      spec = importlib.util.spec_from_file_location(name, path)
+      module = importlib.util.module_from_spec(spec)
+      sys.modules[name] = module  # dataclasses and pickling look the module up by name
+      try:
+        spec.loader.exec_module(module)
+      except BaseException:
+        del sys.modules[name]
+        raise
+    else:
+      try:
+        module = importlib.import_module(value)
+      except ModuleNotFoundError as e:
+        if e.name is None or not value.startswith(e.name):
+          raise  # the module exists and one of its own imports is missing: a real error
+        raise UserError(
+          f"no module named {value!r}",
+          "--import",
+          "install it, add its directory to PYTHONPATH, or give the .py file's path",
+        ) from e
+    _IMPORTED[value] = module
+    modules.append(module)
+  return modules
+
+
 def _flag_value(argv: list[str], name: str) -> Optional[str]:
   """The value of --name=V or --name V in argv (the last one), else None."""
   value = None
@@ -147,4 +217,15 @@ def _flag_value(argv: list[str], name: str) -> Optional[str]:
   return value
 
 
-__all__ = ["UserError", "run", "guard", "fail", "one_line", "is_user_error", "debug_requested"]
+__all__ = [
+  "UserError",
+  "run",
+  "guard",
+  "fail",
+  "one_line",
+  "is_user_error",
+  "debug_requested",
+  "import_modules",
+  "import_values",
+  "IMPORT_HELP",
+]

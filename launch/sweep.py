@@ -8,7 +8,11 @@
 
 Arguments this script does not know (e.g. --config.train.iterations=20, --no_progress) are passed
 to every run. Rerunning a sweep resumes each run from its newest checkpoint (launch/train.py).
-<workdir>/sweep.json lists the runs; `python launch/plot.py --workdirs=<workdir>` compares them.
+A sweep file is any Python file with `get_sweep(name) -> list[dict]` (configs/sweeps.py) or a
+`SWEEPS = {name: [run, ...]}` dict, so `--sweep=my_sweeps.py:mine` runs a sweep kept outside the
+repository; `--import=MODULE_OR_FILE` (repeatable) imports a method's module first and is passed
+to every run. <workdir>/sweep.json lists the runs; `python launch/plot.py --workdirs=<workdir>`
+compares them.
 The workdir may be gs://BUCKET/DIR (needs gcsfs): sweep.json and every run's workdir go there, as
 launch/train.py writes a gs:// workdir.
 """
@@ -83,13 +87,30 @@ def check_overrides(config, overrides: dict, where: str) -> None:
       raise SystemExit(f"error: sweep {where} sets {key}={value!r}: {e}") from e
 
 
-def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> list[dict]:
+def load_sweep(path: str, name: str) -> list[dict]:
+  """The runs of sweep `name` in the file at `path`: its get_sweep(name), else SWEEPS[name]."""
+  module = load_module(path)
+  if hasattr(module, "get_sweep"):
+    return list(module.get_sweep(name))
+  table = getattr(module, "SWEEPS", None)
+  if not isinstance(table, dict):
+    raise SystemExit(f"error: {path} defines neither get_sweep(name) nor a SWEEPS dict")
+  if name not in table:
+    raise SystemExit(f"error: {path} has no sweep {name!r}; sweeps: {', '.join(sorted(table))}")
+  runs = table[name]
+  return list(runs() if callable(runs) else runs)
+
+
+def expand(
+  config_arg: str, sweep_arg: str, workdir: str, extra: list[str], imports: tuple = ()
+) -> list[dict]:
   """[{name, overrides, workdir, command}] for every run of the sweep."""
   sweep_path, sweep_name = _split(sweep_arg)
   if sweep_name is None:
     raise SystemExit(f"error: --sweep={sweep_arg!r} names no sweep; use path:name")
+  cli.import_modules(imports)  # a user's method, before its config section is needed
   config = preflight.load_config(config_arg)  # a missing file or bad variant: cli.UserError
-  runs = load_module(sweep_path).get_sweep(sweep_name)
+  runs = load_sweep(sweep_path, sweep_name)
   workdir = str(workdir).rstrip("/") or workdir
   out, seen = [], set()
   for i, overrides in enumerate(runs):
@@ -101,6 +122,7 @@ def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> l
     run_dir = f"{workdir}/{name}"  # a local path or gs://BUCKET/DIR/<name>
     script = script_for(overrides.get("method"))
     cmd = [sys.executable, script, f"--config={config_arg}", f"--workdir={run_dir}"]
+    cmd += [f"--import={v}" for v in imports]
     cmd += [f"--config.{k}={v}" for k, v in overrides.items() if k != "name"] + list(extra)
     out.append(
       {
@@ -116,14 +138,19 @@ def expand(config_arg: str, sweep_arg: str, workdir: str, extra: list[str]) -> l
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--config", required=True, help="config file[:variant], as for launch/train.py")
-  p.add_argument("--sweep", required=True, help="sweep file:name, e.g. configs/sweeps.py:pq")
+  p.add_argument(
+    "--sweep",
+    required=True,
+    help="sweep file:name, e.g. configs/sweeps.py:pq (a file with get_sweep(name) or SWEEPS)",
+  )
+  p.add_argument("--import", dest="imports", action="append", default=[], help=cli.IMPORT_HELP)
   p.add_argument(
     "--workdir", required=True, help="root (local or gs://); each run goes to <workdir>/<run name>"
   )
   p.add_argument("--print_commands", action="store_true", help="print one command per run")
   p.add_argument("--dry_run", action="store_true", help="print the expanded runs as JSON")
   args, extra = p.parse_known_args(argv)
-  runs = expand(args.config, args.sweep, args.workdir, extra)
+  runs = expand(args.config, args.sweep, args.workdir, extra, tuple(args.imports))
   if args.dry_run:
     print(json.dumps(runs, indent=1))
     return 0

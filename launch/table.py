@@ -280,7 +280,9 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--runs", required=True, help="comma-separated run directories or sweep roots")
   ap.add_argument("--out", required=True, help="directory for table1.{md,csv,tex}, table2.*")
+  ap.add_argument("--import", dest="imports", action="append", default=[], help=cli.IMPORT_HELP)
   args = ap.parse_args(argv)
+  cli.import_modules(args.imports)  # a user's method: its column and label
   try:
     results = read_results([p for p in args.runs.split(",") if p])
   except FileNotFoundError as e:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The exploration experiment (issue 30): GRPO vs EMPO2 vs EMPO2 with the rule reflector, on a
+# The exploration experiment: GRPO vs EMPO2 vs EMPO2 with the rule reflector, on a
 # ScienceWorld task whose action FORMAT the policy knows but whose task it does not.
 #
 #   bash scripts/exploration_experiment.sh sft       # 1. format-only SFT (one checkpoint for all)
@@ -54,7 +54,7 @@
 #    metrics.jsonl and its episodes cut to what compare/inspect read (no prompts, token ids or
 #    log-probs), and the SFT's summary with the SHA-256 of each file of its hf/ checkpoint. An
 #    SFT rebuilt in a later checkout is checked against that hash (`... sft` refuses a different
-#    start: the arms must share one), so runs made in different sessions share the start
+#    start: the arms must share one), so runs made in different checkouts share the start
 #    (scripts/exploration_records.py does both).
 #
 # Sized for this 2-core CPU machine (configs/sciworld.py:learn: 15-30 min an iteration, so the

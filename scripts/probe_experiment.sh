@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The distillation probe experiment (issue 41; protocol in docs/results.md, "Does the off-policy
+# The distillation probe experiment (protocol in docs/records/learning.md, "Does the off-policy
 # update distil tip-guided behaviour?"). Every step is resumable: rerunning it skips what is done.
 #
 #   bash scripts/probe_experiment.sh sft      # 1. the format-only SFT start (the hash-checked one)
