@@ -11,7 +11,9 @@ and may add token-level advantage terms to the advantages before the policy loss
 A term's config keys live in the `loss` section (defaults.py adds every registered term's keys
 with their defaults; rl/losses.LossConfig keeps them in `terms`); its coefficient is the first
 key. A term is logged (under its name) whenever the inputs it needs are present and added to the
-loss when its coefficient is not 0; a nonzero coefficient without its inputs is an error.
+loss when its coefficient is not 0. A nonzero coefficient without its inputs is an error, except
+for an `optional` term (the teacher terms: a batch without any teacher view, e.g. an iteration
+whose memory had nothing to retrieve, simply has nothing to distil).
 
 Inputs (TermInputs), per token `[N, R]` over N turn samples and R response tokens:
   logp          current log-probs (with gradient)        old_logp   the ratio's denominator
@@ -68,6 +70,7 @@ class Term:
   needs: tuple  # TermInputs fields the term reads beyond the always-present ones
   sign: float = 1.0  # loss += sign * coef * value
   kind: str = "loss"  # "loss" (added to the loss) or "advantage" (added to the advantages)
+  optional: bool = False  # True: absent inputs make the term a no-op, not an error
 
   @property
   def coef_key(self) -> str:
@@ -77,24 +80,28 @@ class Term:
 TERMS: dict[str, Term] = {}
 
 
-def _register(name, fn, keys, needs, sign, kind):
+def _register(name, fn, keys, needs, sign, kind, optional):
   if name in TERMS:
     raise ValueError(f"loss term {name!r} is already registered")
   if not keys:
     raise ValueError(f"loss term {name!r}: give its config keys (the first is its coefficient)")
-  TERMS[name] = Term(name, fn, dict(keys), tuple(needs), sign, kind)
+  TERMS[name] = Term(name, fn, dict(keys), tuple(needs), sign, kind, optional)
   return fn
 
 
-def register_loss_term(name: str, *, keys: Mapping[str, Any], needs=(), sign: float = 1.0):
+def register_loss_term(
+  name: str, *, keys: Mapping[str, Any], needs=(), sign: float = 1.0, optional: bool = False
+):
   """Decorator: fn(TermInputs, LossConfig) -> (scalar, metrics), added as sign * coef * scalar."""
-  return lambda fn: _register(name, fn, keys, needs, sign, "loss")
+  return lambda fn: _register(name, fn, keys, needs, sign, "loss", optional)
 
 
-def register_advantage_term(name: str, *, keys: Mapping[str, Any], needs=()):
+def register_advantage_term(
+  name: str, *, keys: Mapping[str, Any], needs=(), optional: bool = False
+):
   """Decorator: fn(TermInputs, LossConfig) -> [N, R] token advantages (no gradient), added as
   coef * that to the advantages the policy loss reads."""
-  return lambda fn: _register(name, fn, keys, needs, 1.0, "advantage")
+  return lambda fn: _register(name, fn, keys, needs, 1.0, "advantage", optional)
 
 
 def default_keys() -> dict:
@@ -130,7 +137,7 @@ def token_advantages(x: TermInputs, cfg):
   adv = x.adv
   for t in TERMS.values():
     coef = value(cfg, t.coef_key)
-    if t.kind != "advantage" or not coef:
+    if t.kind != "advantage" or not coef or (t.optional and not _present(t, x)):
       continue
     if not _present(t, x):
       raise ValueError(f"loss.{t.coef_key} > 0 needs {', '.join(t.needs)} in the batch")
@@ -148,7 +155,7 @@ def add_terms(pg_loss, metrics: dict, x: TermInputs, cfg) -> tuple[Any, dict]:
       continue
     coef = value(cfg, t.coef_key)
     if not _present(t, x):
-      if coef:
+      if coef and not t.optional:
         raise ValueError(f"loss.{t.coef_key} > 0 needs {', '.join(t.needs)} in the update")
       continue
     v, met = t.fn(x, cfg)
@@ -176,20 +183,30 @@ def entropy(x: TermInputs, cfg):
 
 
 @register_loss_term(
-  "ctx_kl", keys={"ctx_kl_coef": 0.0, "ctx_kl_clip": 10.0}, needs=("teacher_logp", "teacher_mask")
+  "ctx_kl",
+  keys={"ctx_kl_coef": 0.0, "ctx_kl_clip": 10.0, "ctx_kl_baseline": True},
+  needs=("teacher_logp", "teacher_mask"),
+  optional=True,
 )
 def ctx_kl(x: TermInputs, cfg):
   """On-policy context distillation (docs/methods.md, "Memory into weights"): the reverse KL
   KL(pi(.|s) || pi_old(.|s, tips)) estimated on the sampled tokens. Its gradient is the score
   function E_pi[(log pi - log pi_tips) grad log pi]; with samples from pi_old the token weight is
-  the ratio r = pi / pi_old, so the surrogate per token is r * stop_gradient(d), d = log pi - log
-  pi_tips clipped to +-loss.ctx_kl_clip. Only tokens with a teacher view count; the value
-  returned is the surrogate (its gradient is the KL's), the metric ctx_kl_k1 the KL estimate."""
+  the ratio r = pi / pi_old, so the surrogate per token is r * stop_gradient(d - b), d = log pi -
+  log pi_tips clipped to +-loss.ctx_kl_clip. With loss.ctx_kl_baseline, b is the mean of d over
+  the micro-batch's teacher tokens (E[grad log pi] = 0, so a baseline leaves the gradient's
+  expectation unchanged and lowers its variance: without it every sampled token the teacher
+  finds less likely is pushed down, and the mass leaks to tokens nobody sampled); else b = 0.
+  Only tokens with a teacher view count; the value returned is the surrogate (its gradient is the
+  KL's), the metric ctx_kl_k1 the KL estimate."""
   m = (x.mask > 0) & (x.teacher_mask > 0)
   clip = value(cfg, "ctx_kl_clip")
   d = jnp.where(m, x.logp - x.teacher_logp, 0.0)
+  dc = jax.lax.stop_gradient(jnp.clip(d, -clip, clip))
+  if value(cfg, "ctx_kl_baseline"):
+    dc = jnp.where(m, dc - jnp.sum(dc) / jnp.maximum(jnp.sum(m), 1), 0.0)
   log_ratio = jnp.clip(jnp.where(m, x.logp - x.old_logp, 0.0), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-  surrogate = jnp.exp(log_ratio) * jax.lax.stop_gradient(jnp.clip(d, -clip, clip))
+  surrogate = jnp.exp(log_ratio) * dc
   tokens = m.astype(jnp.float32)
   met = {
     "ctx_kl_k1": x.token_mean(jax.lax.stop_gradient(d)),
@@ -198,7 +215,9 @@ def ctx_kl(x: TermInputs, cfg):
   return x.mean(jnp.where(m, surrogate, 0.0)), met
 
 
-@register_advantage_term("opid", keys={"opid_coef": 0.0}, needs=("teacher_logp", "teacher_mask"))
+@register_advantage_term(
+  "opid", keys={"opid_coef": 0.0}, needs=("teacher_logp", "teacher_mask"), optional=True
+)
 def opid(x: TermInputs, cfg):
   """OPID's hindsight token advantage (docs/methods.md): per token, log pi_old(a | s, hindsight
   tip) - log pi_old(a | s), where the teacher view carries the hindsight tip; 0 on samples

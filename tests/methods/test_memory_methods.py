@@ -15,6 +15,7 @@ def _run(tmp_path, name, iterations=2):
   c = frozenlake.get_config("tiny")
   methods.apply(c, name)
   c.empo2.force_mode = "off"
+  c.memory.threshold = -1.0  # every stored tip is similar enough: iteration 2 retrieves some
   c.train.iterations = iterations
   return Trainer(c, str(tmp_path), progress=False).run()
 
@@ -39,7 +40,7 @@ def test_registry_entries_set_their_configuration():
 def test_ctx_distill_trains_on_shadow_tips(tmp_path):
   first, second = _run(tmp_path, "ctx_distill")
   for m in (first, second):
-    assert m["retrieved"] == 0  # nothing shown to the sampler
+    assert m["retrieval_hits_per_step"] == 0  # nothing shown to the sampler
   assert second["ctx_distill/shadow_tips_mean"] > 0  # the memory of iteration 1, retrieved
   assert second["ctx_distill/teacher_turns"] > 0 and second["teacher/turns"] > 0
   assert "loss/ctx_kl" in second and "loss/ctx_kl_k1" in second
@@ -49,7 +50,7 @@ def test_ctx_distill_trains_on_shadow_tips(tmp_path):
 @pytest.mark.slow
 def test_opid_scores_the_hindsight_tip(tmp_path):
   (m,) = _run(tmp_path, "opid", iterations=1)
-  assert m["retrieved"] == 0
+  assert m["retrieval_hits_per_step"] == 0
   assert m["opid/teacher_turns"] > 0 and m["teacher/turns"] == m["opid/teacher_turns"]
 
 
