@@ -262,20 +262,20 @@ def _pretrain(rng):
   return params
 
 
-def _distill(params, rng, answer_of, empty_tips, steps_n=40):
-  """steps_n ctx_distill updates on tip-free samples of the training prompts; advantages 0, so
-  only the reverse-KL term moves the weights."""
+def _distill(params, rng, answer_of, empty_tips, iterations=2, steps=10, n=256, lr=2e-3):
+  """ctx_distill iterations as the trainer runs them: each samples steps * n tip-free responses
+  from the current weights, scores them under the tips view with those same weights (the
+  teacher, fixed for the iteration), then takes `steps` optimizer steps of n samples. Advantages
+  0, so only the reverse-KL term moves the weights."""
+  rows = steps * n
   cfg = update_config(
-    micro_rows=64,
-    minibatch_size=64,
-    vocab_chunk=512,
-    loss=terms_cfg(ctx_kl_coef=1.0),
+    micro_rows=n, minibatch_size=n, vocab_chunk=512, loss=terms_cfg(ctx_kl_coef=1.0)
   )
-  opt = optax.adam(3e-3)  # d = 0 (empty tips) gives zero gradients and zero Adam steps
+  opt = optax.adam(lr)  # d = 0 (empty tips) gives zero gradients and zero Adam steps
   update = make_update_fn(TINY, cfg, opt)
   state = init_train_state(params, opt)
-  for it in range(steps_n):
-    xs = rng.integers(X0, X0 + N_X, 64)
+  for it in range(iterations):
+    xs = rng.integers(X0, X0 + N_X, rows)
     student = _prompts(rng, xs)
     teacher = student.copy()
     if not empty_tips:
@@ -284,19 +284,19 @@ def _distill(params, rng, answer_of, empty_tips, steps_n=40):
     y = np.asarray(jax.random.categorical(jax.random.PRNGKey(it), lp))
     cur = np.concatenate([student, y[:, None]], 1).astype(np.int32)
     ones = np.ones(cur.shape, np.int32)
-    # the teacher view: the same response after the prompt with the tip, current weights
-    tea = np.asarray(_resp_logits(state.params, teacher))[np.arange(64), y][:, None]
+    # the teacher view: the same response after the prompt with the tip, this iteration's weights
+    tea = np.asarray(_resp_logits(state.params, teacher))[np.arange(rows), y][:, None]
     batch = {
       "cur_tokens": cur,
       "cur_attn": ones,
       "old_tokens": cur,
       "old_attn": ones,
       "teacher_logp": tea.astype(np.float32),
-      "teacher_mask": np.ones(64, np.float32),
-      "response_mask": np.ones((64, 1), np.float32),
-      "sampler_logp": np.zeros((64, 1), np.float32),
-      "advantages": np.zeros(64, np.float32),
-      "sample_index": np.arange(64, dtype=np.int32),
+      "teacher_mask": np.ones(rows, np.float32),
+      "response_mask": np.ones((rows, 1), np.float32),
+      "sampler_logp": np.zeros((rows, 1), np.float32),
+      "advantages": np.zeros(rows, np.float32),
+      "sample_index": np.arange(rows, dtype=np.int32),
     }
     state, met = update(state, jax.tree.map(jnp.asarray, batch))
   return state.params, met
