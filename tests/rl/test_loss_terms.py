@@ -273,7 +273,7 @@ def _distill(params, rng, answer_of, empty_tips, iterations=2, steps=10, n=256, 
   )
   opt = optax.adam(lr)  # d = 0 (empty tips) gives zero gradients and zero Adam steps
   update = make_update_fn(TINY, cfg, opt)
-  state = init_train_state(params, opt)
+  state = init_train_state(jax.tree.map(jnp.copy, params), opt)  # the update donates it
   for it in range(iterations):
     xs = rng.integers(X0, X0 + N_X, rows)
     student = _prompts(rng, xs)
