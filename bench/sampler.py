@@ -32,10 +32,12 @@ separately; then
     row's filled KV cache (layers x 2 x kv heads x head_dim x cache dtype bytes per token),
     averaged over the steps; gbs = those bytes / the step's seconds, frac_of_membw = gbs over the
     probe (which counts read + written bytes, so a pure read could go somewhat faster).
-With --profile DIR, one more turn's decode call runs under jax.profiler.trace (DIR, a Perfetto
-trace) and `sampler_profile op= s= calls=` lines give its heaviest XLA op kinds by exclusive time
-(bench/_common.trace_breakdown), then `sampler_profile_op op= s= calls= shape= source=` its
-heaviest single ops, each with the result shape and the JAX source op read off the compiled HLO.
+With --profile DIR, one more turn runs with its prefill and its decode call each under
+jax.profiler.trace (DIR/prefill, DIR/decode: Perfetto traces) and `sampler_profile phase= op= s=
+calls=` lines give each phase's heaviest XLA op kinds by exclusive time
+(bench/_common.trace_breakdown), then `sampler_profile_op phase= op= s= calls= programs= shape=
+source=` its heaviest single ops, each with the result shape and the JAX source op read off the
+compiled HLO.
 Where libtpu is installed on a machine without a TPU, run --profile with JAX_PLATFORMS=cpu:
 jax.profiler otherwise crashes in libtpu's profiler plugin.
 Last line: `sampler turns_per_s ours=<a> reprefill=<b> hf=<c> ratio_vs_hf=<a/c>`.
@@ -146,12 +148,24 @@ class EngineTimer:
     self._prefill, self._decode = engine.prefill, engine.decode
     engine.prefill, engine.decode = self.prefill, self.decode
 
+  def traced(self, phase: str):
+    """A profiler trace into trace_dir/phase while tracing is on, else nothing."""
+    import contextlib
+    import os
+
+    import jax
+
+    if not self.trace_dir:
+      return contextlib.nullcontext()
+    return jax.profiler.trace(os.path.join(self.trace_dir, phase), create_perfetto_trace=True)
+
   def prefill(self, params, cache, hidden, suffixes, start):
     import jax
 
     t0 = time.perf_counter()
-    cache, hidden, computed = self._prefill(params, cache, hidden, suffixes, start)
-    jax.block_until_ready((cache, hidden))
+    with self.traced("prefill"):
+      cache, hidden, computed = self._prefill(params, cache, hidden, suffixes, start)
+      jax.block_until_ready((cache, hidden))
     self.totals["prefill_s"] += time.perf_counter() - t0
     lens = np.array([len(x) if x is not None else 0 for x in suffixes], np.float64)
     start = np.asarray(start, np.float64)
@@ -162,13 +176,9 @@ class EngineTimer:
     return cache, hidden, computed
 
   def decode(self, params, cache, hidden, length, active, keys, **kw):
-    import jax
 
     t0 = time.perf_counter()
-    if self.trace_dir:
-      with jax.profiler.trace(self.trace_dir, create_perfetto_trace=True):
-        out = self._decode(params, cache, hidden, length, active, keys, **kw)
-    else:
+    with self.traced("decode"):
       out = self._decode(params, cache, hidden, length, active, keys, **kw)
     self.totals["decode_s"] += time.perf_counter() - t0
     steps = int(out[3].max(initial=0))
@@ -208,25 +218,29 @@ class EngineTimer:
 _META = re.compile(r'metadata=\{[^}]*op_name="([^"]*)"')
 
 
-def profile_ops(trace_dir: str, hlo_text: str, top: int = 10):
-  """Print the traced call's heaviest op kinds, then its heaviest single ops with their shape and
-  JAX source op (from the compiled HLO's metadata)."""
+def profile_ops(phase: str, trace_dir: str, hlo_texts: list[str], top: int = 10):
+  """Print the traced phase's heaviest op kinds, then its heaviest single ops with their shape and
+  JAX source op (from the compiled HLO's metadata; where the phase ran several programs, from the
+  first that has an op of that name: `programs` says in how many it occurs)."""
   for kind, op_s, n in trace_breakdown(trace_dir):
-    result("sampler_profile", op=kind, s=(op_s, ".3f"), calls=n, flush=True)
-  lines = {}
-  for line in hlo_text.splitlines():
-    m = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+)", line)
-    if m:
-      lines.setdefault(m.group(1), (m.group(2), line))
+    result("sampler_profile", phase=phase, op=kind, s=(op_s, ".3f"), calls=n, flush=True)
+  lines = collections.defaultdict(list)
+  for text in hlo_texts:
+    for line in text.splitlines():
+      m = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+)", line)
+      if m and (not lines[m.group(1)] or lines[m.group(1)][-1][2] is not text):
+        lines[m.group(1)].append((m.group(2), line, text))
   secs, calls = _exclusive_by_op(trace_dir)
   for name, s in secs.most_common(top):
-    shape, line = lines.get(name, ("?", ""))
+    shape, line, _ = (lines.get(name) or [("?", "", None)])[0]
     meta = _META.search(line)
     src = meta.group(1).split("/")[-3:] if meta else ["?"]
     result(
       "sampler_profile_op",
+      phase=phase,
       op=name,
       s=(s, ".3f"),
+      programs=len(lines.get(name, ())),
       calls=calls[name],
       shape=shape,
       source="/".join(src),
@@ -307,17 +321,30 @@ def main():
     if name == "ours":
       timer.report(mm, bw)
       if args.profile:
-        captured = {}
-        jitted = sess.engine._decode
+        import os
 
-        def capture(*a, **kw):
-          captured["hlo"] = jitted.lower(*a, **kw).compile().as_text()
-          return jitted(*a, **kw)
+        hlo = collections.defaultdict(list)  # phase -> compiled HLO texts of the programs it ran
+        jitted = {n: getattr(sess.engine, n) for n in ("_prefill", "_prefill_rows", "_decode")}
 
-        sess.engine._decode, timer.trace_dir = capture, args.profile
+        def capture(name, fn):
+          def call(*a, **kw):
+            text = fn.lower(*a, **kw).compile().as_text()  # cached: the program that runs
+            phase = name.strip("_").split("_")[0]
+            if text not in hlo[phase]:
+              hlo[phase].append(text)
+            return fn(*a, **kw)
+
+          return call
+
+        for n, fn in jitted.items():
+          setattr(sess.engine, n, capture(n, fn))
+        timer.trace_dir = args.profile
         run_session(sess, hist, [user[-1]], 1, args.new, 123)
-        sess.engine._decode, timer.trace_dir = jitted, ""
-        profile_ops(args.profile, captured["hlo"])
+        timer.trace_dir = ""
+        for n, fn in jitted.items():
+          setattr(sess.engine, n, fn)
+        for phase in ("prefill", "decode"):
+          profile_ops(phase, os.path.join(args.profile, phase), hlo[phase])
       sess.engine.prefill, sess.engine.decode = timer._prefill, timer._decode
 
   if args.skip_hf:

@@ -294,6 +294,14 @@ def _remat(fn, policy: str):
   return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
+def split_layers(params: Params) -> Params:
+  """params with params["layers"] as a list of per-layer dicts (a copy of the layer weights):
+  what the cached forward runs fastest on where slicing a layer out of the stack copies it."""
+  layers = params["layers"]
+  n = len(next(iter(layers.values())))
+  return dict(params, layers=[{k: v[i] for k, v in layers.items()} for i in range(n)])
+
+
 def output_embedding(params: Params, config: LlamaConfig) -> jax.Array:
   """[D, V] matrix that maps final hidden states to logits."""
   if config.tie_word_embeddings:
@@ -324,6 +332,8 @@ def forward(
   With `cache`, returns (out, new_cache); see the module docstring for the cache contract.
   cache_rows [B] int32 (distinct): the cache rows the batch's rows extend (default: row b is
   cache row b); the cache may hold more rows, which stay untouched.
+  With a cache, params["layers"] may also be a list of per-layer dicts (`split_layers`): the same
+  result without slicing each layer's weights out of the stacked arrays (which XLA:CPU copies).
   layer_grads (cache-free, scanned layers, remat "full"): a float32 accumulator shaped like
   params["layers"]; the same output, and differentiating with respect to `layer_grads` gives
   layer_grads + the layers' gradient, added in place layer by layer (model/grad_accum.py).
@@ -398,7 +408,10 @@ def forward(
       return (h, k_all, v_all), None
 
     carry = (x, cache["k"], cache["v"])
-    if c.scan_layers:
+    if isinstance(params["layers"], (list, tuple)):  # split_layers: one param dict per layer
+      for i, layer in enumerate(params["layers"]):
+        carry, _ = cached_body(carry, (layer, i))
+    elif c.scan_layers:
       carry, _ = jax.lax.scan(cached_body, carry, (params["layers"], jnp.arange(c.num_layers)))
     else:
       for i in range(c.num_layers):
