@@ -236,8 +236,12 @@ def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int
       & (slot >= j * sb)[None, None, :]  # ... whose slots it does not count twice
     )[:, None, None]  # [B, 1, 1, T, sb]
     sc = jnp.einsum("btkgd,bksd->bkgts", q, kb.astype(dtype)).astype(jnp.float32) * (hd**-0.5)
-    m_new = jnp.maximum(m, jnp.max(jnp.where(ok, sc, NEG_INF), axis=-1))
-    p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
+    sc = jnp.where(ok, sc, NEG_INF)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+    # Once a query has seen a slot (m_new finite) its disallowed slots get exp(NEG_INF - m_new) =
+    # 0 exactly; before, they add garbage that the first seen slot's scale exp(NEG_INF - m_new)
+    # = 0 wipes out, and a query that never sees one is zeroed below (no second select here).
+    p = jnp.exp(sc - m_new[..., None])
     scale = jnp.exp(m - m_new)
     pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(dtype), vb.astype(dtype))
     return j + 1, m_new, norm * scale + p.sum(-1), acc * scale[..., None] + pv.astype(jnp.float32)
@@ -248,8 +252,8 @@ def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int
     jnp.zeros((b, kv_heads, g, t), jnp.float32),
     jnp.zeros((b, kv_heads, g, t, hd), jnp.float32),
   )
-  _, _, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
-  out = acc / jnp.where(norm > 0, norm, 1.0)[..., None]
+  _, m, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
+  out = jnp.where((m > NEG_INF / 2)[..., None], acc / norm[..., None], 0.0)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd).astype(dtype)
 
 
