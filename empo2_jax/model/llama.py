@@ -236,8 +236,12 @@ def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int
       & (slot >= j * sb)[None, None, :]  # ... whose slots it does not count twice
     )[:, None, None]  # [B, 1, 1, T, sb]
     sc = jnp.einsum("btkgd,bksd->bkgts", q, kb.astype(dtype)).astype(jnp.float32) * (hd**-0.5)
-    m_new = jnp.maximum(m, jnp.max(jnp.where(ok, sc, NEG_INF), axis=-1))
-    p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
+    sc = jnp.where(ok, sc, NEG_INF)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+    # Once a query has seen a slot (m_new finite) its disallowed slots get exp(NEG_INF - m_new) =
+    # 0 exactly; before, they add garbage that the first seen slot's scale exp(NEG_INF - m_new)
+    # = 0 wipes out, and a query that never sees one is zeroed below (no second select here).
+    p = jnp.exp(sc - m_new[..., None])
     scale = jnp.exp(m - m_new)
     pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(dtype), vb.astype(dtype))
     return j + 1, m_new, norm * scale + p.sum(-1), acc * scale[..., None] + pv.astype(jnp.float32)
@@ -248,8 +252,8 @@ def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int
     jnp.zeros((b, kv_heads, g, t), jnp.float32),
     jnp.zeros((b, kv_heads, g, t, hd), jnp.float32),
   )
-  _, _, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
-  out = acc / jnp.where(norm > 0, norm, 1.0)[..., None]
+  _, m, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
+  out = jnp.where((m > NEG_INF / 2)[..., None], acc / norm[..., None], 0.0)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd).astype(dtype)
 
 
@@ -294,6 +298,14 @@ def _remat(fn, policy: str):
   return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
+def split_layers(params: Params) -> Params:
+  """params with params["layers"] as a list of per-layer dicts (a copy of the layer weights):
+  what the cached forward runs fastest on where slicing a layer out of the stack copies it."""
+  layers = params["layers"]
+  n = len(next(iter(layers.values())))
+  return dict(params, layers=[{k: v[i] for k, v in layers.items()} for i in range(n)])
+
+
 def output_embedding(params: Params, config: LlamaConfig) -> jax.Array:
   """[D, V] matrix that maps final hidden states to logits."""
   if config.tie_word_embeddings:
@@ -324,6 +336,8 @@ def forward(
   With `cache`, returns (out, new_cache); see the module docstring for the cache contract.
   cache_rows [B] int32 (distinct): the cache rows the batch's rows extend (default: row b is
   cache row b); the cache may hold more rows, which stay untouched.
+  With a cache, params["layers"] may also be a list of per-layer dicts (`split_layers`): the same
+  result without slicing each layer's weights out of the stacked arrays (which XLA:CPU copies).
   layer_grads (cache-free, scanned layers, remat "full"): a float32 accumulator shaped like
   params["layers"]; the same output, and differentiating with respect to `layer_grads` gives
   layer_grads + the layers' gradient, added in place layer by layer (model/grad_accum.py).
@@ -398,7 +412,10 @@ def forward(
       return (h, k_all, v_all), None
 
     carry = (x, cache["k"], cache["v"])
-    if c.scan_layers:
+    if isinstance(params["layers"], (list, tuple)):  # split_layers: one param dict per layer
+      for i, layer in enumerate(params["layers"]):
+        carry, _ = cached_body(carry, (layer, i))
+    elif c.scan_layers:
       carry, _ = jax.lax.scan(cached_body, carry, (params["layers"], jnp.arange(c.num_layers)))
     else:
       for i in range(c.num_layers):

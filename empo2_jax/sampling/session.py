@@ -92,8 +92,9 @@ class Session:
   ):
     if num_rows < 1 or max_tokens < 2:
       raise ValueError(f"need num_rows >= 1 and max_tokens >= 2; got {num_rows}, {max_tokens}")
-    self.params, self.config = params, config
+    self.config = config
     self.engine = engine or get_engine(config, settings, mesh)
+    self.params = self.engine.prepare(params)
     self.num_rows, self.max_tokens = num_rows, max_tokens
     self.keep_prefix = keep_prefix
     self.truncate_slack = max_tokens // 4 if truncate_slack is None else truncate_slack
