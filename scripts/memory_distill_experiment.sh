@@ -14,10 +14,11 @@
 #   bash scripts/memory_distill_experiment.sh archive   # 7. the small records into $ARCHIVE
 #
 # 1. prep: scripts/probe_experiment.sh sft and memory with the same ROOT: the format-only SFT
-#    start (hash-checked against docs/probe/sft.json) and the rule-reflector memory over the
-#    first TRAIN_ROWS train variations (lr 0, 4 iterations). The dev probe set is the committed
-#    docs/probe/probe/probe.jsonl (40 dev variations, built by that script's `probe` step from
-#    the same start and memory), copied in, so every arm is scored on the earlier probe's set.
+#    start (its hashes recorded in $ARCHIVE/sft.json when first built, and checked against them
+#    on a rebuild; docs/memory_distill.md says why not docs/probe's) and the rule-reflector
+#    memory over the first TRAIN_ROWS train variations (lr 0, 4 iterations). The dev probe set
+#    is the committed docs/probe/probe/probe.jsonl (40 dev variations, built by that script's
+#    `probe` step from the earlier start), copied in: every arm is scored on the same texts.
 # 2. insample: the start WITH that memory on the TRAIN_ROWS update variations themselves
 #    (launch/eval.py --split=train), INSAMPLE_REPEATS episodes each at temperature 0.4, before
 #    any update; every turn of every episode that showed a tip becomes a sample of the in-sample
@@ -88,7 +89,7 @@ step_prep() {
   [ -f "$ROOT/probe/probe.jsonl" ] || cp docs/probe/probe/probe.jsonl "$ROOT/probe/probe.jsonl"
   for s in sft memory; do
     run env ROOT="$ROOT" PY="$PY" BASE="$BASE" TASK="$TASK" TRAIN_ROWS="$TRAIN_ROWS" \
-      bash scripts/probe_experiment.sh "$s"
+      ARCHIVE="$ARCHIVE" bash scripts/probe_experiment.sh "$s"
   done
 }
 
