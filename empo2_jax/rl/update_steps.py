@@ -333,7 +333,9 @@ def finish_metrics(
   )
   maxdiff = jnp.where(use_sampler, first["_diff_max"], jnp.max(batch_diff))
   met_sum = dict(met_sum)
-  ratio = ratio_figures(*(met_sum.pop(k) for k in _RATIO_KEYS))
+  ratio = {}  # absent only where a caller sums its own step metrics
+  if all(k in met_sum for k in _RATIO_KEYS):
+    ratio = ratio_figures(*(met_sum.pop(k) for k in _RATIO_KEYS))
   steps = epochs * jnp.sum(has_samples_s.astype(jnp.int32))
   met = {k: (v if k == "ratio_max" else v / jnp.maximum(steps, 1)) for k, v in met_sum.items()}
   met["optim_steps"] = steps
