@@ -19,7 +19,7 @@ turns/s counts row-turns (actions produced) per second; tokens/s counts generate
 
 Where the time goes (side (a)): first this machine's limits are probed in the same process
 (bench/limits.py's matmul_gflops and membw_gbs; on a shared machine, what was free then). The
-session's engine is wrapped so that each prefill is timed to completion and each decode call
+sampler Session's engine is wrapped so that each prefill is timed to completion and each decode call
 separately; then
   `sampler_prefill s= tokens= computed= gflop= gflops_per_s= frac_of_matmul=`: tokens are the real
     new tokens prefilled, computed includes the padding of the chunks; gflop counts the matmuls the

@@ -61,7 +61,7 @@ def test_defaults_are_the_authors_and_valid():
     ),
     ("empo2.memory_key_text", "full", "memory_key_text='full'; valid: recent, chat"),
     ("env.action_correction", "never", "action_correction='never'; valid: on_reject, always"),
-    ("optim.prompt_len_check", "tips", "prompt_len_check='tips'; valid: both, tip_free"),
+    ("optim.prompt_len_check", "tips", "prompt_len_check='tips'; valid: both, sampled, tip_free"),
     ("empo2.tip_chat", "ours", "tip_chat='ours'; valid: paper, release, outcome"),
     ("memory.unseen_fallback", "all", "unseen_fallback='all'; valid: task"),
   ],
