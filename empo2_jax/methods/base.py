@@ -56,6 +56,21 @@ class RolloutContext:
   chats_with_tips: Optional[Callable] = None
 
 
+def set_teacher_chats(ctx: RolloutContext, episode, tips_by_turn) -> int:
+  """Each turn k of `episode` with tips_by_turn[k] non-empty gets its teacher chat: its own chat
+  with those tips in its last user message (ctx.chats_with_tips). Returns how many turns got
+  one (methods/ctx_distill.py, methods/opid.py)."""
+  n, steps = 0, len(episode.turns)
+  for k, turn in enumerate(episode.turns):
+    if k >= len(tips_by_turn) or not tips_by_turn[k]:
+      continue
+    tips = [[] for _ in range(steps)]
+    tips[k] = list(tips_by_turn[k])
+    turn.teacher_messages = ctx.chats_with_tips(episode, tips)[k]
+    n += 1
+  return n
+
+
 class Plugin:
   """A method's additions to the trainer. Subclass it, set `name` and `section` (its config
   section's defaults, or None for none), override what the method changes; every hook's default
@@ -390,6 +405,7 @@ class Hooks:
 
 __all__ = [
   "RolloutContext",
+  "set_teacher_chats",
   "Plugin",
   "Method",
   "GRPO_OVERRIDES",

@@ -18,23 +18,13 @@ which the actor does not draw yet.
 
 from __future__ import annotations
 
-from empo2_jax.methods.base import Plugin, register
+from empo2_jax.methods.base import Plugin, register, set_teacher_chats
 
 
 def teacher_chats(ctx, episodes) -> int:
   """Every turn whose step retrieved shadow tips gets its teacher chat: its chat with those tips
   in its last user message. Returns how many turns got one."""
-  n = 0
-  for e in episodes:
-    steps = len(e.turns)
-    for k, turn in enumerate(e.turns):
-      if k >= len(e.shadow_tips) or not e.shadow_tips[k]:
-        continue
-      tips = [[] for _ in range(steps)]
-      tips[k] = list(e.shadow_tips[k])
-      turn.teacher_messages = ctx.chats_with_tips(e, tips)[k]
-      n += 1
-  return n
+  return sum(set_teacher_chats(ctx, e, e.shadow_tips) for e in episodes)
 
 
 class CtxDistill(Plugin):

@@ -10,23 +10,13 @@ opid_coef * (log pi_old(a | s, hindsight tip) - log pi_old(a | s)) to GRPO's adv
 
 from __future__ import annotations
 
-from empo2_jax.methods.base import Plugin, register
+from empo2_jax.methods.base import Plugin, register, set_teacher_chats
 
 
 def hindsight_chats(ctx, episodes) -> int:
   """Every turn of an episode with a tip gets the teacher chat with that tip in its last user
   message; returns how many turns got one."""
-  n = 0
-  for e in episodes:
-    if not e.tip:
-      continue
-    steps = len(e.turns)
-    for k, turn in enumerate(e.turns):
-      tips = [[] for _ in range(steps)]
-      tips[k] = [e.tip]
-      turn.teacher_messages = ctx.chats_with_tips(e, tips)[k]
-      n += 1
-  return n
+  return sum(set_teacher_chats(ctx, e, [[e.tip]] * len(e.turns)) for e in episodes if e.tip)
 
 
 class OPID(Plugin):
