@@ -7,8 +7,14 @@ configs/sokoban.py:tiny         a random-init tiny model (tests: mechanics only)
 configs/sokoban.py:cpu,coords   SPA's text_with_coordinates rendering
 """
 
-from configs.frozenlake import puzzle_config
+import os
+
 from empo2_jax import defaults
+
+# the sibling file by its path, so this config loads from any working directory
+puzzle_config = defaults.load_module(
+  os.path.join(os.path.dirname(os.path.abspath(__file__)), "frozenlake.py")
+).puzzle_config
 
 ARGS = ("cpu", "tiny", "coords")
 
