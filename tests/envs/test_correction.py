@@ -331,3 +331,21 @@ def test_one_extra_list_call_changes_a_bee_task(jvm):
   differ = [i for i, (a, b) in enumerate(zip(*runs)) if a != b]
   assert differ and differ[0] == 3 and len(differ) > 1, differ
   assert runs[0][:3] == runs[1][:3]
+
+
+def test_always_maps_a_gold_text_missing_from_the_list_to_another_action(jvm):
+  """The cost of the authors' correction (docs/fidelity.md, "What the correction does to correct
+  texts"): grow-fruit's gold path opens with "open door to kitchen", but under the easy
+  simplification the door is already open, so the text is not in the valid-action list and
+  `always` sends the closest listed action by word Jaccard, closing the door; `on_reject` sends
+  the text as written, which the simulator accepts."""
+  text = "open door to kitchen"
+  on_reject = SciWorldEnv(SciWorldConfig(action_correction="on_reject"), jvm=jvm)
+  for env, executed, valid in (
+    (SciWorldEnv(ALWAYS, jvm=jvm), "close door to kitchen", False),
+    (on_reject, text, True),
+  ):
+    env.reset("grow-fruit", 0)
+    assert env.gold_actions("grow-fruit", 0)[0] == text
+    result = env.step(text)
+    assert (result.info.executed_action, result.info.valid) == (executed, valid)
