@@ -142,9 +142,15 @@ def test_every_registered_programs_cost_probe_is_trusted():
   # a refactor that hides work in a loop the probe counts once turns est_mfu into nan here.
   programs = _registered_programs()
   assert {"forward", "lm_train_step", "train_step", "sampler"} <= set(programs)
+  # the microbatched programs split the batch in two; the prefill program's chunk (1,024 tokens,
+  # the sampler's max_chunk) must fit the sequence
+  extra = {
+    "lm_train_step": ["--microbatches=2"],
+    "train_step": ["--microbatches=2"],
+    "sampler_prefill": ["--seq=1024"],
+  }
   for program in programs:
-    micro = ["--microbatches=2"] if program in ("lm_train_step", "train_step") else []
-    rc, out, err = aot(f"--program={program}", *TINY, *micro)
+    rc, out, err = aot(f"--program={program}", *TINY, *extra.get(program, []))
     assert rc == 0, (program, err[-3000:])
     r = parse_last_line(out)
     assert 0 < r["mfu"] < 1, (program, out[-2000:])
