@@ -179,7 +179,7 @@ def peak_rss_gib() -> float:
 def sciworld_texts(n: int, seed: int = 0) -> list[str]:
   """The varied ScienceWorld-like snippets the retrieval tests embed (tests/memory/test_index.py),
   loaded from that file: tests/ is not an installed package."""
-  path = os.path.join(REPO, "tests", "test_memory_index.py")
+  path = os.path.join(REPO, "tests", "memory", "test_index.py")
   spec = importlib.util.spec_from_file_location("_bench_memory_texts", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

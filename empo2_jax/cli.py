@@ -104,8 +104,9 @@ def run(main: Callable, *, checks: Iterable[Callable] = ()) -> NoReturn:
 
   Before absl parses the flags, the --config file is loaded and every --config.<key> override
   is checked against it (an unknown key lists the valid ones); after parsing, the model
-  checkpoint and --workdir are checked (empo2_jax/preflight.py), then each of `checks` is called
-  with absl's FLAGS (raise UserError to refuse)."""
+  checkpoint and --workdir are checked (empo2_jax/preflight.py), JAX's persistent compilation
+  cache is set (empo2_jax/compile_cache.py), then each of `checks` is called with absl's FLAGS
+  (raise UserError to refuse)."""
   from absl import app, flags
 
   if "debug" not in flags.FLAGS:
@@ -131,6 +132,7 @@ def run(main: Callable, *, checks: Iterable[Callable] = ()) -> NoReturn:
         f"bad command line: {str(e).splitlines()[0]}", "flags", "see --helpshort"
       ) from e
     preflight.check_flags(flags.FLAGS)
+    _apply_compilation_cache(flags.FLAGS)
     for check in checks:
       check(flags.FLAGS)
     return rest
@@ -204,6 +206,19 @@ def import_modules(values: Iterable[str]) -> list:
     _IMPORTED[value] = module
     modules.append(module)
   return modules
+
+
+def _apply_compilation_cache(flag_values) -> None:
+  """JAX's persistent compilation cache from --config's train.compilation_cache ("auto" for a
+  script without --config), beside --workdir when that is gs:// (empo2_jax/compile_cache.py)."""
+  from empo2_jax import compile_cache
+
+  setting = "auto"
+  config = flag_values["config"].value if "config" in flag_values else None
+  if config is not None and "train" in config and "compilation_cache" in config.train:
+    setting = config.train.compilation_cache
+  workdir = flag_values["workdir"].value if "workdir" in flag_values else None
+  compile_cache.apply(setting, workdir)
 
 
 def _flag_value(argv: list[str], name: str) -> Optional[str]:

@@ -171,6 +171,9 @@ def get_config(arg=None):
     save_episodes=False,
     profile_iteration=0,  # >0: a jax.profiler trace of that iteration in <workdir>/profile
     malloc_arenas=2,  # glibc malloc arenas of launch/train.py (0: glibc's default; hoststats.py)
+    # JAX's persistent compilation cache (empo2_jax/compile_cache.py): "auto" = beside a gs://
+    # workdir, else ~/.cache/empo2_jax/jax_compilation_cache; "" = off; or a directory.
+    compilation_cache="auto",
   )  # save_episodes: TFDS dataset (data/trajectories.py)
   # launch/sft.py: behaviour cloning on gold trajectories of TRAIN variations (train/sft.py),
   # before RL. variations: how many train variations (0: all); steps x batch_rows rows.

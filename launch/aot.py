@@ -20,7 +20,7 @@ import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 
 from empo2_jax.programs import aot  # noqa: E402
-from empo2_jax import cli  # noqa: E402
+from empo2_jax import cli, compile_cache  # noqa: E402
 from empo2_jax.train import settings  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +101,7 @@ def main(argv=None) -> int:
     help="skip the flops/time probes (est_mfu=nan; memory figures only)",
   )
   a = p.parse_args(argv)
+  compile_cache.apply(c.train.compilation_cache)  # JAX's persistent cache (compile_cache.py)
   req = aot.AotRequest(
     program=a.program,
     preset=a.preset,

@@ -1,12 +1,32 @@
-"""Shared fixtures: tiny random Hugging Face Qwen2 checkpoints written with transformers."""
+"""Shared fixtures: tiny random Hugging Face Qwen2 checkpoints written with transformers.
+
+One JAX persistent compilation cache per test run (empo2_jax/compile_cache.py): a temporary
+directory made when pytest loads this file (in the controller, before xdist starts its workers,
+which inherit it with the environment, as do the launch scripts the tests start: their "auto"
+setting reads $JAX_COMPILATION_CACHE_DIR), removed when the run ends. A test process then compiles
+a program another one already compiled (same shapes and flags) from the cache, and the user's own
+cache is left alone. Set JAX_COMPILATION_CACHE_DIR yourself to keep one across runs.
+"""
 
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="empo2_jax_test_cache_")
+  os.environ["EMPO2_TEST_CACHE_OWNED"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+def pytest_sessionfinish(session):
+  """The controller (not an xdist worker) removes the run's cache if this file made it."""
+  owned = os.environ.get("EMPO2_TEST_CACHE_OWNED")
+  if owned and not hasattr(session.config, "workerinput"):
+    shutil.rmtree(owned, ignore_errors=True)
 
 
 def make_hf_checkpoint(

@@ -30,7 +30,7 @@ UPPER = tuple(f"empo2_jax.{p}" for p in ("methods", "baselines", "train"))
 FLOORS = (
   ("errors", "text", "config_keys"),  # leaves
   ("remote", "tips"),
-  ("parallel",),  # primitives: mesh, sharding rules
+  ("parallel", "compile_cache"),  # primitives: mesh, sharding rules
   ("model", "data"),
   ("rl", "sampling"),
   ("memory", "envs"),
