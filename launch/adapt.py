@@ -64,7 +64,7 @@ def adapt_run(config, workdir: str) -> dict:
       print(f"warning: no checkpoint in {workdir}; the initial policy", file=sys.stderr)
     if not _KEEP_MEMORY.value:
       enc = trainer.memory.encoder
-      trainer.set_memory_store(MemoryStore(dim=enc.dim, max_per_slot=config.memory.max_entries))
+      trainer.memory.replace_store(MemoryStore(dim=enc.dim, max_per_slot=config.memory.max_entries))
     params = trainer.sampling_params()
     before = _fingerprint(params)
     records = adapt(

@@ -37,15 +37,19 @@ class ActorSettings:
   reflector: str = "policy"  # or "rule": who writes the tip (memory/rule_tip.py)
 
   def __post_init__(self):
+    # The only check of the empo2 keys below (train/build.check_config builds this object).
     check_reflector(self.reflector)
     if self.memory_key not in MEMORY_KEYS:
-      raise ValueError(f"memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)}")
+      raise ValueError(
+        f"empo2.memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)} (the release "
+        "keys by the final chat: memory_key=final with memory_key_text=chat)"
+      )
     if self.memory_key_text not in MEMORY_KEY_TEXTS:
       raise ValueError(
-        f"memory_key_text={self.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
+        f"empo2.memory_key_text={self.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
       )
     if self.tip_chat not in TIP_CHATS:
-      raise ValueError(f"tip_chat={self.tip_chat!r}; valid: {', '.join(TIP_CHATS)}")
+      raise ValueError(f"empo2.tip_chat={self.tip_chat!r}; valid: {', '.join(TIP_CHATS)}")
 
 
 @dataclasses.dataclass

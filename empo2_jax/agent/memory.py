@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from empo2_jax.memory.index import MemoryIndex
 from empo2_jax.tips import strip_tips_messages
 
 
@@ -19,6 +20,12 @@ class Memory:
 
   def __init__(self, encoder, store, index):
     self.encoder, self.store, self.index = encoder, store, index
+
+  def replace_store(self, store) -> None:
+    """Use `store` from now on (a restored checkpoint's, another run's, an empty one); the index
+    is rebuilt over it with the same retrieval settings (its caches belong to the old store)."""
+    self.store = store
+    self.index = MemoryIndex(store, self.index.cfg)
 
   def retrieve(
     self, slots: Sequence, keys: Sequence[str], fallback: bool = False

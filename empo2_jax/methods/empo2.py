@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ml_collections
 
-from empo2_jax.agent.episode import MEMORY_KEY_TEXTS, TIP_CHATS
 from empo2_jax.methods.base import Plugin, register
 from empo2_jax.rl import batch as batch_lib
 
@@ -75,24 +74,9 @@ class EMPO2(Plugin):
     e = c.empo2
     if e.force_mode not in FORCE_MODES:
       raise ValueError(f"empo2.force_mode={e.force_mode!r}; valid: {FORCE_MODES}")
-    if e.ratio_variant not in batch_lib.RATIO_VARIANTS:
-      raise ValueError(
-        f"empo2.ratio_variant={e.ratio_variant!r}; valid: {', '.join(batch_lib.RATIO_VARIANTS)}"
-      )
-    if e.memory_key not in ("step", "final"):
-      raise ValueError(
-        f"empo2.memory_key={e.memory_key!r}; valid: step, final (the release keys by the final "
-        "chat: memory_key=final with memory_key_text=chat)"
-      )
-    if e.memory_key_text not in MEMORY_KEY_TEXTS:
-      raise ValueError(
-        f"empo2.memory_key_text={e.memory_key_text!r}; valid: {', '.join(MEMORY_KEY_TEXTS)}"
-      )
-    if e.tip_chat not in TIP_CHATS:
-      raise ValueError(f"empo2.tip_chat={e.tip_chat!r}; valid: {', '.join(TIP_CHATS)}")
-    from empo2_jax.memory.rule_tip import check_reflector
-
-    check_reflector(e.reflector)
+    # ratio_variant, memory_key, memory_key_text, tip_chat and reflector are checked where their
+    # settings are defined (rl/batch.BatchConfig, agent/episode.ActorSettings), when
+    # train/build.check_config builds those objects.
     for name in ("p_memory", "q_offpolicy"):
       if not 0.0 <= e[name] <= 1.0:
         raise ValueError(f"empo2.{name}={e[name]} must be in [0, 1]")

@@ -108,11 +108,14 @@ class BatchConfig:
   pad_id: int = 151643  # <|endoftext|>
 
   def __post_init__(self):
+    # The only check of these keys (train/build.check_config builds this object).
     if self.ratio_variant not in RATIO_VARIANTS:
-      raise ValueError(f"ratio_variant must be one of {RATIO_VARIANTS}, got {self.ratio_variant!r}")
+      raise ValueError(
+        f"empo2.ratio_variant={self.ratio_variant!r}; valid: {', '.join(RATIO_VARIANTS)}"
+      )
     if self.prompt_len_check not in PROMPT_LEN_CHECKS:
       raise ValueError(
-        f"prompt_len_check must be one of {PROMPT_LEN_CHECKS}, got {self.prompt_len_check!r}"
+        f"optim.prompt_len_check={self.prompt_len_check!r}; valid: {', '.join(PROMPT_LEN_CHECKS)}"
       )
     if self.bucket_growth <= 1.0:
       raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")

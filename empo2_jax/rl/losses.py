@@ -50,18 +50,20 @@ class LossConfig:
   terms: tuple = ()
 
   def __post_init__(self):
+    # The only check of these keys (train/build.check_config builds this object); the messages
+    # name the config keys.
     if self.policy_loss not in POLICY_LOSSES:
       raise ValueError(
-        f"LossConfig.policy_loss={self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES)}"
+        f"loss.policy_loss={self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES)}"
       )
     if self.agg not in AGGS:
-      raise ValueError(f"LossConfig.agg must be one of {AGGS}, got {self.agg!r}")
+      raise ValueError(f"loss.agg={self.agg!r}; valid: {', '.join(AGGS)}")
     if self.kl_estimator not in KL_ESTIMATORS:
       raise ValueError(
-        f"LossConfig.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
+        f"loss.kl_estimator={self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}"
       )
     if self.dual_clip and self.dual_clip <= 1.0:
-      raise ValueError(f"LossConfig.dual_clip must be > 1, or 0 / None, got {self.dual_clip}")
+      raise ValueError(f"loss.dual_clip={self.dual_clip}; pass a value > 1, or 0 for none")
 
 
 # name -> fn(logp_br, old_logp_br, adv, mask_br, cfg, *, shaping_gamma_br, token_denom, seq_denom)

@@ -108,9 +108,10 @@ class UpdateConfig:
   def __post_init__(self):
     if self.old_logprobs not in OLD_LOGPROBS:
       raise ValueError(f"UpdateConfig.old_logprobs must be one of {OLD_LOGPROBS}")
+    # The only check of these optim keys (train/build.check_config builds this object).
     for name in ("minibatch_size", "micro_rows", "epochs", "vocab_chunk"):
       if int(getattr(self, name)) < 1:
-        raise ValueError(f"UpdateConfig.{name} must be >= 1, got {getattr(self, name)}")
+        raise ValueError(f"optim.{name}={getattr(self, name)} must be >= 1")
 
   @property
   def minibatch_rows(self) -> int:

@@ -6,8 +6,6 @@ import jax
 
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import hf, llama
-from empo2_jax.rl import batch as batch_lib
-from empo2_jax.rl import losses
 
 
 class ConfigError(ValueError):
@@ -50,11 +48,6 @@ def check_config(c) -> None:
       "shape so far), fit (the smallest buckets each iteration), max (the largest the config "
       "allows, from the first iteration)"
     )
-  if c.optim.prompt_len_check not in batch_lib.PROMPT_LEN_CHECKS:
-    raise ConfigError(
-      f"optim.prompt_len_check={c.optim.prompt_len_check!r}; valid: "
-      f"{', '.join(batch_lib.PROMPT_LEN_CHECKS)}"
-    )
   from empo2_jax.rl.advantages import ESTIMATORS
 
   if c.advantage.estimator not in ESTIMATORS:
@@ -75,16 +68,14 @@ def check_config(c) -> None:
     )
   if c.rollout.group_size < 2:
     raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
-  if c.loss.agg not in losses.AGGS:
-    raise ConfigError(f"loss.agg={c.loss.agg!r}; valid: {', '.join(losses.AGGS)}")
-  if c.loss.policy_loss not in losses.POLICY_LOSSES:
-    raise ConfigError(
-      f"loss.policy_loss={c.loss.policy_loss!r}; valid: {', '.join(losses.POLICY_LOSSES)}"
-    )
-  if c.loss.kl_estimator not in losses.KL_ESTIMATORS:
-    raise ConfigError(
-      f"loss.kl_estimator={c.loss.kl_estimator!r}; valid: {sorted(losses.KL_ESTIMATORS)}"
-    )
+  from empo2_jax.train import settings
+
+  try:  # the settings objects check their own keys (loss, optim, empo2's actor and batch keys)
+    settings.update_config(c)
+    settings.batch_config(c, pad_id=0)
+    settings.actor_settings(c)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   try:  # the task, then the env's own fields (no env process starts here)
     env_suite.check_task(c.env.task)
     env_suite.check_config(c)
@@ -118,9 +109,6 @@ def _check_numerics(c) -> None:
       "policy would not learn. Set --config.model.param_dtype=float32; "
       "--config.model.compute_dtype=bfloat16 keeps the matmuls in bf16."
     )
-  for key in ("minibatch_size", "micro_rows", "epochs"):
-    if c.optim[key] < 1:
-      raise ConfigError(f"optim.{key}={c.optim[key]} must be >= 1")
   need = c.optim.max_prompt_len + c.rollout.max_new_tokens
   if need > c.rollout.max_context:
     raise ConfigError(

@@ -385,7 +385,7 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   if hasattr(trainer, "update_floor"):  # older checkpoints have none: the floor starts at zero
     saved = meta.get("update_floor") or {}
     trainer.update_floor = {k: int(saved.get(k, 0)) for k in trainer.update_floor}
-  trainer.set_memory_store(stores["memory"])
+  trainer.memory.replace_store(stores["memory"])
   if rewrite_metrics:
     rewrite_records(trainer.workdir, meta.get("metrics", []))
   now, then = _flatten(json.loads(trainer.config.to_json())), _flatten(meta.get("config", {}))

@@ -86,7 +86,8 @@ def run_loop(trainer, total: int) -> list[dict]:
       t0 = time.perf_counter()
       compiles0, compile_s0 = CompileCounter.totals()
       with maybe_profile(trainer.workdir, trainer.iteration + 1, c.train.profile_iteration):
-        m = trainer.train_iteration()
+        result = trainer.train_iteration()
+      m = result.metrics
       trainer.iteration += 1
       every = c.train.eval_every
       last = trainer.iteration == total
@@ -101,7 +102,7 @@ def run_loop(trainer, total: int) -> list[dict]:
         try:
           trainer.metrics.write(trainer.iteration, m)
           if trainer.episode_log is not None:
-            trainer.episode_log.write(trainer.iteration, trainer.last_episodes)
+            trainer.episode_log.write(trainer.iteration, result.episodes)
         except OSError as e:  # disk full: stop, naming the checkpoint a rerun resumes from
           what = f"the metrics and episodes of iteration {trainer.iteration}"
           raise faults.write_error(trainer, what, e) from e

@@ -15,6 +15,7 @@ the iteration's metrics (train/view_metrics.py), the old log-probs' source
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -58,6 +59,25 @@ def draw_mode(u: float, p_memory: float, q_offpolicy: float) -> str:
   if u < p_memory:
     return "on_tips"
   return "on"
+
+
+@dataclasses.dataclass
+class IterationResult:
+  """What one iteration made (Trainer.train_iteration).
+
+  Attributes:
+    metrics: the iteration's metrics (rollout, batch, update, timing, views; metrics.jsonl).
+    episodes: the policy's own episodes of the rollout (saved with train.save_episodes).
+    batch: the host batch the update saw (arrays keyed by rl/batch.py's names), after mini-batch
+      arrangement.
+    per_sample: the update's per-sample figures (mask and length-check counts a sample;
+      train/view_metrics.py), None when nothing was updated.
+  """
+
+  metrics: dict
+  episodes: list
+  batch: dict
+  per_sample: Optional[dict] = None
 
 
 def trainable_turns(episodes) -> list:
@@ -116,7 +136,7 @@ class Trainer:
             f"memory.init_from={c.memory.init_from!r}: its embeddings have dim {store.dim}, "
             f"this run's encoder {self.memory.store.dim}; use the same memory.encoder_dir"
           )
-        self.set_memory_store(store)
+        self.memory.replace_store(store)
         log.info("memory from %s step %d: %d tips", c.memory.init_from, step, len(store))
     except BaseException:
       self.pool.close()  # no worker or JVM outlives a failed start
@@ -167,13 +187,6 @@ class Trainer:
     self.stop_signal = StopSignal(lambda: self.iteration)
 
   # ------------------------------------------------------------------------------------------
-  def set_memory_store(self, store) -> None:
-    """Swap in a restored memory; the index is rebuilt (its caches belong to the old store)."""
-    from empo2_jax.memory.index import MemoryIndex
-
-    self.memory.store = store
-    self.memory.index = MemoryIndex(store, self.memory.index.cfg)
-
   def resume(self, read_only: bool = False) -> Optional[int]:
     """Continue from the newest restorable checkpoint in the workdir; its step, or None.
 
@@ -261,9 +274,10 @@ class Trainer:
       return {k: max(v, top[k]) for k, v in self.update_floor.items()}
     return self.update_floor
 
-  def train_iteration(self) -> dict:
-    """One EMPO2 iteration (docs/method.md §1; docs/architecture.md, "One iteration"); returns its
-    metrics. Everything random derives from (seed, iteration)."""
+  def train_iteration(self) -> IterationResult:
+    """One EMPO2 iteration (docs/method.md §1; docs/architecture.md, "One iteration"): what it
+    made (metrics, episodes, batch, per-sample figures). Everything random derives from (seed,
+    iteration). The caller advances self.iteration (train/run_control.run_loop)."""
     it = self.iteration
     k_mode, k_roll = jax.random.split(jax.random.fold_in(self.rng, it))
     mode = self._mode(k_mode)
@@ -293,27 +307,31 @@ class Trainer:
 
     t0 = time.perf_counter()
     with self.phase_peaks.phase("update"):
-      upd = self.update(mode, batch, layout, bstats["n_samples"])
+      upd, per_sample = self.update(mode, batch, layout, bstats["n_samples"])
     timing["time/update"] = time.perf_counter() - t0
     info = dict(update=upd, batch=bstats, rollout=rollout_stats, timing=timing, env_rows=rows)
-    self._stop_if_nonfinite(mode, upd, info, advantages)
+    self._stop_if_nonfinite(mode, upd, info, advantages, batch)
 
-    self.last_episodes = rollout.episodes
     metrics = view_metrics.iteration_metrics(
       mode, rollout.episodes, turns, advantages, rollout_stats, bstats, len(self.memory.store)
     )
     # What the mask and the length check did to each view; per turn into the saved episodes.
-    view_metrics.attach(turns, batch["sample_index"], self.last_per_sample)
+    view_metrics.attach(turns, batch["sample_index"], per_sample)
     views = view_metrics.view_metrics(
       turns,
       batch["sample_index"],
-      self.last_per_sample,
+      per_sample,
       rollout.episodes,
       rollout_stats,
       response_len=self.batch_cfg.response_len,
       low_prob_delta=self.config.loss.low_prob_delta,
     )
-    return {**metrics, **upd, **timing, **explore_metrics, **views}
+    return IterationResult(
+      metrics={**metrics, **upd, **timing, **explore_metrics, **views},
+      episodes=rollout.episodes,
+      batch=batch,
+      per_sample=per_sample,
+    )
 
   def rollout(self, rows: list[int], mode: str, key) -> Rollout:
     """rollout.group_size episodes of each row (one GRPO group a row), with memory tips unless
@@ -389,16 +407,21 @@ class Trainer:
     if c.optim.update_shapes != "fit":
       shape = minibatch_lib.update_shape(batch, layout)
       self.update_floor = {k: max(v, shape[k]) for k, v in self.update_floor.items()}
-    self.last_batch = batch  # host copy as the update sees it (tests, debugging)
     return batch, bstats, layout
 
-  def update(self, mode: str, batch: dict, layout: dict, n_samples: int) -> dict:
-    """The PPO update of the train state on `batch` (rl/update.py; docs/method.md §5); its
-    metrics. Loss metrics (loss/update_norm: the global norm of a step's weight change among
-    them) are per-step means; optim_steps counts the steps and keeps its own name."""
-    self.last_per_sample = None
+  def update(
+    self, mode: str, batch: dict, layout: dict, n_samples: int
+  ) -> tuple[dict, Optional[dict]]:
+    """The PPO update of the train state on `batch` (rl/update.py; docs/method.md §5).
+
+    Returns:
+      (metrics, per_sample): loss metrics (loss/update_norm, the global norm of a step's weight
+      change, among them) are per-step means, optim_steps counts the steps and keeps its own
+      name; per_sample holds the per-sample figures (train/view_metrics.py), None when the batch
+      has no sample.
+    """
     if not n_samples:
-      return {"optim_steps": 0.0, "loss/update_norm": 0.0}
+      return {"optim_steps": 0.0, "loss/update_norm": 0.0}, None
     c = self.config
     args = (self.ref_params,) if self.ref_params is not None else ()
     if self.mesh is not None:
@@ -408,7 +431,7 @@ class Trainer:
     from_sampler = self.old_logprobs.from_sampler(mode, batch)
     self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
     upd = hosts.host_values(upd)  # per_sample is batch-sharded: gathered on several hosts
-    self.last_per_sample = upd.pop("per_sample")  # per turn sample: train/view_metrics.py
+    per_sample = upd.pop("per_sample")  # per turn sample: train/view_metrics.py
     upd = {(k if k == "optim_steps" else f"loss/{k}"): float(v) for k, v in upd.items()}
     if int(upd["optim_steps"]) != layout["num_minibatches"] * c.optim.epochs:
       raise RuntimeError(
@@ -417,9 +440,9 @@ class Trainer:
         f"{c.optim.epochs} epochs"
       )
     self.old_logprobs.check(self.iteration, upd)
-    return upd
+    return upd, per_sample
 
-  def _stop_if_nonfinite(self, mode: str, upd: dict, info: dict, advantages) -> None:
+  def _stop_if_nonfinite(self, mode: str, upd: dict, info: dict, advantages, batch) -> None:
     """NonFiniteError on a non-finite update metric, before anything saves this state; the batch
     goes to <workdir>/debug/iter_N (train/faults.py)."""
     bad = faults.nonfinite(upd)
@@ -428,7 +451,7 @@ class Trainer:
     self.state_is_bad = True
     info = dict(info, seed=self.config.seed, advantages=np.asarray(advantages, np.float64))
     lead = jax.process_index() == 0
-    raise faults.nonfinite_error(self, self.iteration + 1, mode, bad, info, self.last_batch, lead)
+    raise faults.nonfinite_error(self, self.iteration + 1, mode, bad, info, batch, lead)
 
   def eval_episodes(self, with_memory: bool = False) -> list:
     """The test rows' episodes of the current policy (train/evaluate.Evaluator), drawn with the
@@ -464,4 +487,4 @@ class Trainer:
       raise errors[0]
 
 
-__all__ = ["Trainer", "draw_mode", "NonFiniteError"]
+__all__ = ["IterationResult", "Trainer", "draw_mode", "NonFiniteError"]

@@ -23,7 +23,7 @@ import jax  # noqa: E402
 
 from empo2_jax.train.hoststats import PhasePeaks  # noqa: E402
 from empo2_jax.train.run_control import StopSignal  # noqa: E402
-from empo2_jax.train.trainer import Trainer  # noqa: E402
+from empo2_jax.train.trainer import IterationResult, Trainer  # noqa: E402
 
 ITERATIONS = 200  # far more than run before the test's SIGTERM
 
@@ -61,7 +61,7 @@ def stub_trainer(out_dir: str, pid: int) -> Trainer:
     time.sleep(0.2 + 0.1 * pid)  # the hosts run at different speeds
     progress.write(f"{t.iteration + 1}\n")
     progress.flush()
-    return {}
+    return IterationResult(metrics={}, episodes=[], batch={})
 
   def save_checkpoint(wait=False):
     with open(saved, "a") as f:

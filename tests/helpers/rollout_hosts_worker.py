@@ -61,13 +61,14 @@ def main(out_path, workdir, addr=None, nproc=1, pid=0):
   try:
     iterations = []
     for _ in range(2):
-      m = trainer.train_iteration()
+      result = trainer.train_iteration()
+      m = result.metrics
       trainer.iteration += 1
       iterations.append(
         {
           "metrics": {k: v for k, v in m.items() if not k.startswith("time/")},
-          "episodes": json.loads(hosts.episodes_to_bytes(trainer.last_episodes)),
-          "batch": {k: np.asarray(v).tolist() for k, v in trainer.last_batch.items()},
+          "episodes": json.loads(hosts.episodes_to_bytes(result.episodes)),
+          "batch": {k: np.asarray(v).tolist() for k, v in result.batch.items()},
         }
       )
     ev = trainer.evaluate(False)

@@ -30,10 +30,11 @@ def test_sge_one_iteration_records_strategy_temperatures(tmp_path):
   c = _config("sge", **{"sge.strategy_max_new_tokens": 6})
   trainer = Trainer(c, str(tmp_path), progress=False)
   try:
-    m = trainer.train_iteration()
+    result = trainer.train_iteration()
+    m = result.metrics
     temps = sge.group_temperatures(c.rollout.group_size, sge.parse_temperatures(
       c.sge.strategy_temperatures))  # fmt: skip
-    for e in trainer.last_episodes:
+    for e in result.episodes:
       assert e.messages[0]["content"].startswith(sge.STRATEGY_INSTRUCTION)
       t_s = temps[e.rollout_id % c.rollout.group_size]
       for t in e.turns:
@@ -42,7 +43,7 @@ def test_sge_one_iteration_records_strategy_temperatures(tmp_path):
         # the strategy phase at the rollout's temperature, the rest at the rollout temperature
         assert t.token_temps[:n_s] == [t_s] * n_s or sge.CLOSE in t.response
         assert set(t.token_temps) <= {t_s, c.rollout.temperature}
-    assert "token_temperature" in trainer.last_batch
+    assert "token_temperature" in result.batch
     assert np.isfinite(m["loss/pg_loss"]) and "sge/strategy_closed_frac" in m
   finally:
     trainer.close()
@@ -55,14 +56,15 @@ def test_herl_one_iteration_injects_guided_episodes(tmp_path):
   c = _config("herl")
   trainer = Trainer(c, str(tmp_path), progress=False)
   try:
-    m = trainer.train_iteration()
+    result = trainer.train_iteration()
+    m = result.metrics
     n_groups = c.rollout.rows_per_iter
-    failed = sum(not any(e.success for e in trainer.last_episodes if e.group_id == g)
+    failed = sum(not any(e.success for e in result.episodes if e.group_id == g)
                  for g in range(n_groups))  # fmt: skip
     assert m["herl/groups_failed"] == failed
     assert m["herl/injected"] + m["herl/fallback_copies"] == failed
     if m["herl/injected"]:
-      assert m["loss/shaped_token_frac"] > 0 and "shaping_gamma" in trainer.last_batch
+      assert m["loss/shaped_token_frac"] > 0 and "shaping_gamma" in result.batch
     assert np.isfinite(m["loss/pg_loss"])
   finally:
     trainer.close()

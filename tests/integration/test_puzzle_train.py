@@ -18,8 +18,8 @@ def test_frozenlake_tiny_trains_one_iteration(tmp_path):
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
     assert trainer.train_rows == [0, 1, 2, 3] and trainer.test_rows == [2_000_000]
-    m = trainer.train_iteration()
-    episodes = trainer.last_episodes
+    result = trainer.train_iteration()
+    m, episodes = result.metrics, result.episodes
     assert m["mode"] == "on_tips" and m["env_failed"] == 0
     assert len(episodes) == config.rollout.rows_per_iter * config.rollout.group_size
     local = fl.FrozenLakeEnv(fl.FrozenLakeConfig(max_turns=config.env.max_steps))

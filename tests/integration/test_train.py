@@ -27,14 +27,14 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
     before = jax.tree.map(np.array, trainer.state.params)
-    m1 = trainer.train_iteration()
+    m1 = trainer.train_iteration().metrics
     assert m1["mode"] == "off"
     # the paper's off-policy old view is tip-free, a prompt the sampler never saw: recomputed
     assert m1["loss/old_from_sampler"] == 0.0
     assert m1["tips_written"] > 0 and len(trainer.memory.store) > 0  # tips in memory
 
-    m2 = trainer.train_iteration()
-    eps = trainer.last_episodes
+    second = trainer.train_iteration()
+    m2, eps = second.metrics, second.episodes
     tip_turns = [
       t for e in eps for t in e.turns if any("<tip>" in m["content"] for m in t.messages)
     ]
@@ -43,7 +43,7 @@ def test_two_offpolicy_iterations_with_memory(tmp_path):
     assert m2["intrinsic_mean"] > 0
 
     # off-policy, paper variant: both log-prob views are tip-free (docs/method.md §4)
-    batch = trainer.last_batch
+    batch = second.batch
     assert batch["sample_index"].ndim == 2  # the default layout: packed episodes
     rows = np.flatnonzero((batch["sample_index"] >= 0).any(axis=1))
     texts = [

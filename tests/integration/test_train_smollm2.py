@@ -21,8 +21,8 @@ def test_smollm2_iteration_acts_writes_tips_and_matches_sampler_logprobs(tmp_pat
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
     assert trainer.model_config.num_layers == 30 and trainer.model_config.vocab_size == 49152
-    m = trainer.train_iteration()
-    eps = trainer.last_episodes
+    result = trainer.train_iteration()
+    m, eps = result.metrics, result.episodes
     assert all(len(e.turns) >= 1 for e in eps)
     # The pretrained policy writes real text: at least one tip of more than five words.
     assert max(len(e.tip.split()) for e in eps) > 5, [e.tip for e in eps]

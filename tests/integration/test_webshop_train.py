@@ -53,8 +53,8 @@ def test_webshop_tiny_trains_one_iteration(tmp_path):
     local = WebShopEnv(WebShopConfig(observation="agent"))
     assert trainer.train_rows == local.variations("webshop", "train")
     assert trainer.test_rows == [0]
-    m = trainer.train_iteration()
-    episodes = trainer.last_episodes
+    result = trainer.train_iteration()
+    m, episodes = result.metrics, result.episodes
     assert m["mode"] == "on_tips" and m["env_failed"] == 0
     assert len(episodes) == config.rollout.rows_per_iter * config.rollout.group_size
     for e in episodes:

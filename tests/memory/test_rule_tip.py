@@ -145,8 +145,8 @@ def test_training_iteration_with_the_rule_reflector_writes_rule_tips(tmp_path):
   config.empo2.force_mode = "on"
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
-    m = trainer.train_iteration()
-    episodes = trainer.last_episodes
+    result = trainer.train_iteration()
+    m, episodes = result.metrics, result.episodes
   finally:
     trainer.close()
   assert m["tips_written"] == len(episodes) > 0

@@ -3,7 +3,6 @@
 import json
 import logging
 import os
-import types
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.agent.memory import Memory
 from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
 from empo2_jax.memory.store import MemoryStore
 from empo2_jax.rl import update as update_lib
@@ -40,11 +40,7 @@ class FakeTrainer:
     store = MemoryStore(dim=8, max_per_slot=3)
     for i in range(seed):  # seed 0: an empty memory
       store.add(("find-animal", i % 2), f"tip {i} é", float(i), rng.normal(size=8), i)
-    self.memory = types.SimpleNamespace(store=store, index=MemoryIndex(store, RetrievalConfig()))
-
-  def set_memory_store(self, store):
-    self.memory.store = store
-    self.memory.index = MemoryIndex(store, self.memory.index.cfg)
+    self.memory = Memory(None, store, MemoryIndex(store, RetrievalConfig()))
 
 
 def _write_metrics(workdir, upto):

@@ -316,6 +316,8 @@ def test_nonfinite_update_stops_with_last_good_checkpoint(tmp_path):
   config.rollout.rows_per_iter = 1
   trainer = Trainer(config, str(tmp_path), progress=False)
   update, calls = trainer._update, []
+  built, build = [], trainer.batch  # (batch, stats, layout) of each iteration, as the update saw it
+  trainer.batch = lambda *a, **kw: built.append(build(*a, **kw)) or built[-1]
 
   def poisoned(state, batch, *args, **kw):  # the second update goes non-finite (state, metrics)
     state, m = update(state, batch, *args, **kw)
@@ -335,8 +337,9 @@ def test_nonfinite_update_stops_with_last_good_checkpoint(tmp_path):
   assert f"{where}" in msg and (where / "batch.npz").exists()
   assert f"newest checkpoint is {tmp_path / 'checkpoints' / '1'} (iteration 1)" in msg
   with np.load(where / "batch.npz") as z:
-    assert sorted(z.files) == sorted(trainer.last_batch)
-    np.testing.assert_array_equal(z["cur_tokens"], np.asarray(trainer.last_batch["cur_tokens"]))
+    batch = built[-1][0]
+    assert sorted(z.files) == sorted(batch)
+    np.testing.assert_array_equal(z["cur_tokens"], np.asarray(batch["cur_tokens"]))
   info = json.loads((where / "info.json").read_text())
   assert info["mode"] == err.value.mode and info["nonfinite"] == ["loss/pg_loss"]
   ckpt = ckpt_lib.Checkpointer(tmp_path / "checkpoints")

@@ -87,8 +87,11 @@ def test_tiny_run_logs_view_metrics_checked_against_its_batch(tmp_path):
   # threshold splits them in half.
   config.loss.low_prob_delta = -12.18
   trainer = Trainer(config, str(tmp_path), progress=False)
+  results, iterate = [], trainer.train_iteration
+  trainer.train_iteration = lambda: results.append(iterate()) or results[-1]
   (m,) = trainer.run()  # run() closes the trainer
-  batch, turns = trainer.last_batch, [t for e in trainer.last_episodes for t in e.turns]
+  (result,) = results
+  batch, turns = result.batch, [t for e in result.episodes for t in e.turns]
   idx = batch["sample_index"]
   in_batch = set(int(i) for i in idx[idx >= 0])
   assert m["view/off/samples"] == len(in_batch) == m["samples"]
@@ -106,7 +109,7 @@ def test_tiny_run_logs_view_metrics_checked_against_its_batch(tmp_path):
   assert m["view/off/masked_pos_adv"] == pos
   assert m["view/off/memory_steps"] == len(turns) and m["view/off/tips_mean"] >= 0
   assert m["view/off/context_truncations"] >= 0
-  lengths = [n for e in trainer.last_episodes for n in e.prompt_tokens]
+  lengths = [n for e in result.episodes for n in e.prompt_tokens]
   assert len(lengths) == len(turns) and m["view/off/prompt_tokens_max"] == max(lengths)
 
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
