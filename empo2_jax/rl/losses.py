@@ -53,9 +53,7 @@ class LossConfig:
     # The only check of these keys (train/build.check_config builds this object); the messages
     # name the config keys.
     if self.policy_loss not in POLICY_LOSSES:
-      raise ValueError(
-        f"loss.policy_loss={self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES)}"
-      )
+      raise ValueError(f"loss.policy_loss={self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES)}")
     if self.agg not in AGGS:
       raise ValueError(f"loss.agg={self.agg!r}; valid: {', '.join(AGGS)}")
     if self.kl_estimator not in KL_ESTIMATORS:

@@ -65,6 +65,7 @@ from empo2_jax.parallel.sharding import on_mesh
 from empo2_jax.rl import update_steps
 from empo2_jax.rl.logprobs import response_logprobs
 from empo2_jax.rl.losses import LossConfig
+from empo2_jax.rl.update_grads import UpdateSetup
 
 # OPTIONAL_KEYS, as_packed and per_sample_stats are rl.update's names as well (re-exported).
 from empo2_jax.rl.update_steps import (  # noqa: F401
@@ -204,14 +205,8 @@ def make_update_fn(
   if batch_sharding is not None:  # the model pins its activations' rows on this mesh
     update = on_mesh(update, batch_sharding.mesh)
   # The settings bound; jit still names the program after update_steps.update (jit_update).
-  update = functools.partial(
-    update,
-    model_config=model_config,
-    cfg=cfg,
-    optimizer=optimizer,
-    fuse=fuse,
-    batch_sharding=batch_sharding,
-  )
+  setup = UpdateSetup(model_config, cfg, optimizer, fuse, batch_sharding)
+  update = functools.partial(update, setup=setup)
   jit_kw: dict[str, Any] = {"donate_argnums": (0,) if donate else ()}
   if state_sharding is not None:  # inputs keep the shardings they were placed with
     jit_kw["out_shardings"] = (state_sharding, None)

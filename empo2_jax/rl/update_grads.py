@@ -1,7 +1,7 @@
 """One mini-batch of the EMPO2 update (rl/update_steps.py composes them over the batch): the
 response log-probs of a micro-batch, the policy loss, its gradient accumulated over the slot's
-micro-batches and one optimizer step, each a pure function of what it uses; and the loop helpers
-the update runs its micro-batches and slots with.
+micro-batches and one optimizer step, each a pure function of what it uses. The update's fixed
+settings travel as one object, UpdateSetup; the loops are rl/loops.py's.
 
     minibatch_step            gradient accumulation over micro-batches, one optax step
       micro_batch_grads       one micro-batch's gradient into the accumulator
@@ -14,62 +14,52 @@ response tokens a turn.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from empo2_jax.rl import loss_terms
+from empo2_jax.rl.loops import (
+  any_after_first,
+  combine_metrics,
+  constrain,
+  index_tree,
+  map_nonempty,
+  nonempty_loop,
+)
 from empo2_jax.rl.losses import get_policy_loss
 from empo2_jax.rl.packing import packed_response_logprobs
 
 
-def any_after_first(x):
-  """[N, ...] -> [N]: any nonzero entry beyond the leading axis."""
-  return jnp.any(x != 0, axis=tuple(range(1, x.ndim)))
+@dataclasses.dataclass(frozen=True)
+class UpdateSetup:
+  """The update's fixed settings: what every piece of rl/update_steps.py and this module reads
+  besides its arrays. rl/update.make_update_fn builds one and binds it; frozen and hashable, so
+  it can also be a static argument of jax.jit.
 
+  Attributes:
+    model_config: the policy's model/configs.LlamaConfig.
+    cfg: the rl/update.UpdateConfig (optim keys, rollout.temperature, the loss section).
+    optimizer: the optax transformation of a step (global-norm clip + AdamW); None where no
+      step is taken (log-probs only).
+    fuse: the layers' gradient accumulated in place during the backward (model/grad_accum.py).
+    batch_sharding: the sharding every micro-batch's rows are constrained to, or None.
+  """
 
-def index_tree(tree, i):
-  return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
-
-
-def nonempty_loop(keep, body, carry):
-  """carry = body(j, carry) for the indices j with keep[j] (in order); a dynamic trip count."""
-  order = jnp.argsort(jnp.where(keep, 0, 1), stable=True)  # kept indices first, in order
-  return jax.lax.fori_loop(
-    0, jnp.sum(keep.astype(jnp.int32)), lambda i, c: body(order[i], c), carry
-  )
-
-
-def map_nonempty(f, xs, keep):
-  """[f(x_j) if keep[j] else zeros for j] stacked, f run on the kept leading slices only."""
-  out_shape = jax.eval_shape(f, index_tree(xs, 0))
-  out = jnp.zeros((keep.shape[0],) + out_shape.shape, out_shape.dtype)
-  return nonempty_loop(
-    keep, lambda j, o: jax.lax.dynamic_update_index_in_dim(o, f(index_tree(xs, j)), j, 0), out
-  )
-
-
-def combine_metrics(total, met):
-  """Running combination of per-step (or per-micro-batch) metrics: sums, and a max for the keys
-  ending in _max (ratio_max, _diff_max)."""
-  return {
-    k: (jnp.maximum(total[k], v) if k.endswith("_max") else total[k] + v) for k, v in met.items()
-  }
+  model_config: Any
+  cfg: Any
+  optimizer: Optional[optax.GradientTransformation] = None
+  fuse: bool = False
+  batch_sharding: Any = None
 
 
 def _add(total, g):
   """total + g leaf by leaf, g cast into the float32 accumulator `total`."""
   return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), total, g)
-
-
-def constrain(tree, batch_sharding=None):
-  """Every leaf of `tree` (one micro-batch: leaves [mb, ...]) constrained to `batch_sharding`
-  (rows spread over the devices), or `tree` unchanged when batch_sharding is None."""
-  if batch_sharding is None:
-    return tree
-  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding), tree)
 
 
 def inv_temperature(token_temp, temperature):
@@ -87,21 +77,31 @@ def chunk_logprobs(
   attn,
   starts,
   resp_len,
+  setup: UpdateSetup,
   *,
-  model_config,
-  cfg,
   with_entropy=False,
   token_temp=None,
   layer_grads=None,
 ):
-  """Log-probs of one micro-batch's response tokens: packed rows tokens / attn [mb, L] and their
-  turns' response starts [mb, T] -> [mb, T, R] (R = resp_len), and with with_entropy the
-  entropies [mb, T, R] as well, at cfg.temperature (or the per-token token_temp [mb, T, R]),
-  the vocabulary projected cfg.vocab_chunk columns at a time (rl/packing.py). layer_grads: the
-  fused gradient accumulator of the layers (model/grad_accum.py), or None."""
+  """Log-probs of one micro-batch's response tokens, the vocabulary projected cfg.vocab_chunk
+  columns at a time (rl/packing.py).
+
+  Args:
+    params: the policy's weights.
+    tokens, attn: [mb, L] packed rows.
+    starts: [mb, T] each turn's response start.
+    resp_len: R, the response tokens a turn.
+    setup: the update's settings (model_config; cfg.temperature, cfg.vocab_chunk).
+    with_entropy: also return the entropies.
+    token_temp: [mb, T, R] per-token sampling temperatures (0: cfg.temperature), or None.
+    layer_grads: the fused gradient accumulator of the layers (model/grad_accum.py), or None.
+  Returns:
+    log-probs [mb, T, R]; with with_entropy, (log-probs, entropies [mb, T, R]).
+  """
+  cfg = setup.cfg
   return packed_response_logprobs(
     params,
-    model_config,
+    setup.model_config,
     tokens,
     attn,
     starts,
@@ -114,26 +114,15 @@ def chunk_logprobs(
   )
 
 
-def no_grad_logprobs(
-  params,
-  tokens_c,
-  attn_c,
-  starts_c,
-  resp_len,
-  keep_c,
-  temp_c=None,
-  *,
-  model_config,
-  cfg,
-  batch_sharding=None,
-):
+def no_grad_logprobs(params, tokens_c, attn_c, starts_c, resp_len, keep_c, temp_c=None, *, setup):
   """Log-probs without gradient of one whole view, micro-batch by micro-batch: chunks tokens_c /
   attn_c [n_chunks, mb, L], starts_c [n_chunks, mb, T] (and per-token temperatures temp_c
   [n_chunks, mb, T, R]) -> [n_chunks, mb, T, R], chunk_logprobs of the chunks with keep_c
   [n_chunks] true (those holding response tokens), zeros for the others, which are not
   forwarded. Serves the old log-probs (docs/method.md §4) and the reference policy's."""
   params = jax.lax.stop_gradient(params)
-  logp = functools.partial(chunk_logprobs, model_config=model_config, cfg=cfg)
+  logp = functools.partial(chunk_logprobs, setup=setup)
+  batch_sharding = setup.batch_sharding
   if temp_c is None:
     return map_nonempty(
       lambda x: logp(params, *constrain(x, batch_sharding), resp_len),
@@ -178,7 +167,7 @@ def ratio_measures(x, adv, cfg) -> dict:
   }
 
 
-def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, model_config, cfg):
+def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, setup):
   """The policy loss (docs/method.md §5; cfg.loss.policy_loss) of one micro-batch d, leaves [mb,
   ...]: cur_tokens / cur_attn [mb, L], cur_starts [mb, T], old_logp / mask (the low-prob-masked
   response mask) / resp_mask [mb, T, R], advantages [mb, T], and where present
@@ -189,7 +178,7 @@ def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, model
   advantage term added) plus the loss terms (rl/loss_terms.add_terms). Returns (scalar loss,
   metrics): the loss's and terms' metrics, ratio_measures' sums and the _diff_ sums of |log-prob
   - old log-prob| over every real response token."""
-  lcfg = cfg.loss
+  lcfg = setup.cfg.loss
   resp_len = d["mask"].shape[-1]
   logp, ent = chunk_logprobs(
     params,
@@ -197,8 +186,7 @@ def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, model
     d["cur_attn"],
     d["cur_starts"],
     resp_len,
-    model_config=model_config,
-    cfg=cfg,
+    setup,
     with_entropy=True,
     token_temp=d.get("token_temperature"),
     layer_grads=layer_grads,
@@ -246,21 +234,21 @@ def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, model
   return loss, {**met, **diff_met}
 
 
-def _rest_loss(rest, acc, *, layers, d, token_denom, seq_denom, model_config, cfg):
+def _rest_loss(rest, acc, *, layers, d, token_denom, seq_denom, setup):
   """minibatch_loss as a function of the params but the layers (`rest`) and the layers'
   gradient accumulator `acc`, the layers themselves held fixed (micro_batch_grads, fused)."""
   params = {**rest, "layers": layers}
-  return minibatch_loss(params, d, token_denom, seq_denom, acc, model_config=model_config, cfg=cfg)
+  return minibatch_loss(params, d, token_denom, seq_denom, acc, setup=setup)
 
 
-def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, model_config, cfg, fuse):
+def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, setup):
   """One micro-batch's contribution to its mini-batch's gradient: d (leaves [mb, ...], as
   minibatch_loss reads them) -> (grads + the gradient of minibatch_loss over `params`, the loss's
-  metrics); grads is the float32 accumulator, a params-shaped tree. With `fuse` the layers'
+  metrics); grads is the float32 accumulator, a params-shaped tree. With setup.fuse the layers'
   gradient goes straight into grads["layers"] (the cotangent of layer_grads is layer_grads + this
   micro-batch's layer gradient, model/grad_accum.py: no second params-sized buffer for the
   layers); the rest (embedding, final norm, lm head) is summed as usual."""
-  if fuse:
+  if setup.fuse:
     layers = params["layers"]
     rest = {k: v for k, v in params.items() if k != "layers"}
     rest_loss = functools.partial(
@@ -269,44 +257,39 @@ def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, model_config,
       d=d,
       token_denom=token_denom,
       seq_denom=seq_denom,
-      model_config=model_config,
-      cfg=cfg,
+      setup=setup,
     )
     fused_grad = jax.value_and_grad(rest_loss, argnums=(0, 1), has_aux=True)
     (_, met), (g_rest, acc) = fused_grad(rest, grads["layers"])
     return {**_add({k: grads[k] for k in g_rest}, g_rest), "layers": acc}, met
-  loss_fn = functools.partial(minibatch_loss, model_config=model_config, cfg=cfg)
+  loss_fn = functools.partial(minibatch_loss, setup=setup)
   (_, met), g = jax.value_and_grad(loss_fn, has_aux=True)(params, d, token_denom, seq_denom)
   return _add(grads, g), met
 
 
-def _accumulate(
-  j, carry, *, params, d, token_denom, seq_denom, model_config, cfg, fuse, batch_sharding
-):
+def _accumulate(j, carry, *, params, d, token_denom, seq_denom, setup):
   """Loop body of minibatch_step: micro-batch j of d ([n_micro, mb, ...] leaves) added into the
   carry (float32 gradient accumulator, summed metrics)."""
   grads, met_sum = carry
-  dj = constrain(index_tree(d, j), batch_sharding)
-  grads, met = micro_batch_grads(
-    params, dj, grads, token_denom, seq_denom, model_config=model_config, cfg=cfg, fuse=fuse
-  )
+  dj = constrain(index_tree(d, j), setup.batch_sharding)
+  grads, met = micro_batch_grads(params, dj, grads, token_denom, seq_denom, setup=setup)
   return grads, combine_metrics(met_sum, met)
 
 
-def minibatch_step(state, d, *, model_config, cfg, optimizer, fuse, batch_sharding=None):
+def minibatch_step(state, d, *, setup):
   """One optimizer step on one mini-batch slot (docs/method.md §1 item 5): d holds the slot's
   micro-batches, leaves [n_micro, mb, ...] (as minibatch_loss reads them). The gradients of the
   micro-batches with response tokens are summed in float32 (the loss denominators are the slot's
   own token / sequence counts, so accumulation equals one large batch; an empty micro-batch adds
-  exactly zero and is skipped), then `optimizer` (global-norm clipping + AdamW) takes one step.
+  exactly zero and is skipped), then setup.optimizer (global-norm clipping + AdamW) takes one
+  step.
   Returns (state with new params, opt_state and step + 1, metrics): the loss metrics summed over
   the micro-batches (a max for *_max), grad_norm and update_norm (||the parameter change||)."""
   mask = d["mask"]
   token_denom = jnp.sum(mask)
   seq_denom = jnp.sum(jnp.any(mask > 0, axis=-1))
-  settings = {"model_config": model_config, "cfg": cfg}
   met_shape = jax.eval_shape(
-    lambda: minibatch_loss(state.params, index_tree(d, 0), token_denom, seq_denom, **settings)[1]
+    lambda: minibatch_loss(state.params, index_tree(d, 0), token_denom, seq_denom, setup=setup)[1]
   )
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
   met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
@@ -316,14 +299,12 @@ def minibatch_step(state, d, *, model_config, cfg, optimizer, fuse, batch_shardi
     d=d,
     token_denom=token_denom,
     seq_denom=seq_denom,
-    fuse=fuse,
-    batch_sharding=batch_sharding,
-    **settings,
+    setup=setup,
   )
   # A micro-batch without response tokens adds exactly zero to every sum: skipped.
   grads, met = nonempty_loop(any_after_first(mask > 0), micro, (zeros, met0))
   met["grad_norm"] = optax.global_norm(grads)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
   # This step's parameter change, from the update itself: no copy of the pre-update params
   # is held (it cost a params-sized buffer: 0.5 GiB for SmolLM2, 7.1 GiB a chip for 7B).
   met["update_norm"] = optax.global_norm(updates)

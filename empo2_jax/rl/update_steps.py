@@ -1,11 +1,11 @@
 """The pieces of one EMPO2 update call (rl/update.py's docstring: old log-probs, low-prob mask, PPO
-mini-batches), each a pure function of what it uses. rl/update.make_update_fn binds the settings
-(model config, UpdateConfig, optimizer, fuse, batch sharding) with functools.partial and jits
-`update`, their composition:
+mini-batches), each a pure function of what it uses. rl/update.make_update_fn binds the update's
+fixed settings (rl/update_grads.UpdateSetup: model config, UpdateConfig, optimizer, fuse, batch
+sharding) and jits `update`, their composition:
 
     update
       chunk_batch                 rows -> micro-batch chunks, the mini-batch slot count
-      old_logprobs                docs/method.md §4: recomputed (no_grad_logprobs) or the sampler's
+      old_view_logprobs           docs/method.md §4: recomputed (no_grad_logprobs) or the sampler's
       old_view_stats              docs/method.md §5: the low-prob mask; batch-level metrics
       minibatch_data              what the loss reads, in slots (and the reference log-probs)
       run_epochs                  epochs x slots with samples: minibatch_step each
@@ -26,16 +26,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.rl.loops import any_after_first, combine_metrics, index_tree, nonempty_loop
 from empo2_jax.rl.losses import apply_low_prob_mask
 from empo2_jax.rl.update_grads import (
   RATIO_HIST_BINS,
   RATIO_HIST_MAX,
-  any_after_first,
-  combine_metrics,
-  index_tree,
+  UpdateSetup,
   minibatch_step,
   no_grad_logprobs,
-  nonempty_loop,
 )
 
 # The batch's optional per-turn inputs (rl/batch.py; present when some turn has them): each
@@ -139,7 +137,7 @@ def chunk_batch(batch, cfg):
   return {k: to_chunks(batch[k], n_chunks) for k in used}, n_rows // slot_rows
 
 
-def view_logprobs(params, ch, view, has_tokens_c, model_config, cfg, batch_sharding):
+def view_logprobs(params, ch, view, has_tokens_c, setup: UpdateSetup):
   """no_grad_logprobs of one view of the chunked batch ch (chunk_batch): view "old" (the ratio's
   denominator) or "cur" (the trained view, scored under the reference weights for the KL term)
   -> [n_chunks, mb, T, R]."""
@@ -151,23 +149,11 @@ def view_logprobs(params, ch, view, has_tokens_c, model_config, cfg, batch_shard
     ch["response_mask"].shape[-1],
     has_tokens_c,
     ch.get("token_temperature"),
-    model_config=model_config,
-    cfg=cfg,
-    batch_sharding=batch_sharding,
+    setup=setup,
   )
 
 
-def old_logprobs(
-  params,
-  ch,
-  sampler_logp,
-  has_tokens_c,
-  old_from_sampler=None,
-  *,
-  model_config,
-  cfg,
-  batch_sharding=None,
-):
+def old_view_logprobs(params, ch, sampler_logp, has_tokens_c, old_from_sampler=None, *, setup):
   """The old log-probs of every row (docs/method.md §4), [n_chunks, mb, T, R], and use_sampler
   (bool scalar: they are the sampler's). Recomputed by no_grad_logprobs over the old view of the
   chunks ch (chunk_batch) that have response tokens (has_tokens_c [n_chunks]), or, with
@@ -175,10 +161,8 @@ def old_logprobs(
   sampler_logp [B, T, R] in chunks, with no forward pass; in "sampler" mode one program serves
   both (lax.cond runs only the branch taken)."""
   n_chunks = ch["old_tokens"].shape[0]
-  recompute = functools.partial(
-    view_logprobs, params, ch, "old", has_tokens_c, model_config, cfg, batch_sharding
-  )
-  if cfg.old_logprobs == "sampler":
+  recompute = functools.partial(view_logprobs, params, ch, "old", has_tokens_c, setup)
+  if setup.cfg.old_logprobs == "sampler":
     use_sampler = jnp.asarray(True if old_from_sampler is None else old_from_sampler, jnp.bool_)
     # One program for both: lax.cond runs only the branch taken.
     old_logp = jax.lax.cond(use_sampler, lambda: to_chunks(sampler_logp, n_chunks), recompute)
@@ -212,18 +196,7 @@ def old_view_stats(full_mask, old_flat, sampler_logp, use_sampler, loss_cfg):
   return mask, metrics, batch_diff, n_tok
 
 
-def minibatch_data(
-  ch,
-  old_logp,
-  mask,
-  has_tokens_c,
-  n_slots,
-  ref_params=None,
-  *,
-  model_config,
-  cfg,
-  batch_sharding=None,
-):
+def minibatch_data(ch, old_logp, mask, has_tokens_c, n_slots, ref_params=None, *, setup):
   """What the loss reads, in mini-batch slots: from the chunks ch (chunk_batch), the old
   log-probs old_logp [n_chunks, mb, T, R] and the low-prob-masked response mask [B, T, R] ->
   (data, has_samples_s). data: leaves [n_slots, n_micro, mb, ...]: the cur view, old_logp,
@@ -244,12 +217,10 @@ def minibatch_data(
   for k in OPTIONAL_KEYS + TEACHER_KEYS:
     if k in ch:
       data[k] = ch[k]
-  if cfg.loss.kl_coef:
+  if setup.cfg.loss.kl_coef:
     if ref_params is None:
       raise ValueError("LossConfig.kl_coef > 0: pass ref_params to the update")
-    data["ref_logp"] = view_logprobs(
-      ref_params, ch, "cur", has_tokens_c, model_config, cfg, batch_sharding
-    )
+    data["ref_logp"] = view_logprobs(ref_params, ch, "cur", has_tokens_c, setup)
   # [n_chunks, mb, ...] -> [n_slots, n_micro, mb, ...]
   split = lambda x: x.reshape((n_slots, n_chunks // n_slots) + x.shape[1:])  # noqa: E731
   data = jax.tree.map(split, data)
@@ -274,29 +245,20 @@ def _epoch(_, carry, *, has_samples_s, slot_step):
   return nonempty_loop(has_samples_s, slot_step, carry)
 
 
-def run_epochs(
-  state, data, has_samples_s, *, model_config, cfg, optimizer, fuse, batch_sharding=None
-):
+def run_epochs(state, data, has_samples_s, *, setup):
   """The PPO epochs (docs/method.md §1 item 5): cfg.epochs passes over the mini-batch slots of
   data (minibatch_data: leaves [n_slots, n_micro, mb, ...]) with has_samples_s [n_slots], one
   minibatch_step per slot with samples, in order (after the first step the policy has moved, so
   later ratios leave 1). Returns (state, met_sum: the step metrics summed over the steps taken,
   a max for *_max, first: the first step's _diff_sum, _diff_n and _diff_max)."""
-  step_fn = functools.partial(
-    minibatch_step,
-    model_config=model_config,
-    cfg=cfg,
-    optimizer=optimizer,
-    fuse=fuse,
-    batch_sharding=batch_sharding,
-  )
+  step_fn = functools.partial(minibatch_step, setup=setup)
   met_shape = jax.eval_shape(lambda s: step_fn(s, index_tree(data, 0))[1], state)
   met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
   first0 = {k: met0.pop(k) for k in _DIFF_KEYS}
   slot_step = functools.partial(_slot_step, data=data, step_fn=step_fn)
   epoch = functools.partial(_epoch, has_samples_s=has_samples_s, slot_step=slot_step)
   carry0 = (state, met0, first0, jnp.zeros((), jnp.int32))
-  state, met_sum, first, _ = jax.lax.fori_loop(0, cfg.epochs, epoch, carry0)
+  state, met_sum, first, _ = jax.lax.fori_loop(0, setup.cfg.epochs, epoch, carry0)
   return state, met_sum, first
 
 
@@ -346,41 +308,28 @@ def finish_metrics(
   return met
 
 
-def update(
-  state,
-  batch,
-  ref_params=None,
-  old_from_sampler=None,
-  *,
-  model_config,
-  cfg,
-  optimizer,
-  fuse,
-  batch_sharding=None,
-):
+def update(state, batch, ref_params=None, old_from_sampler=None, *, setup: UpdateSetup):
   """One whole update (rl/update.py's docstring): the state and a batch (rl/batch.build_batch
   rows [B, ...] or packed rows with turns [B, T, ...], laid out by rl/minibatch.arrange), the
   reference params with cfg.loss.kl_coef, old_from_sampler (bool scalar or None; "sampler" mode)
   -> (state after the optimizer steps, metrics: finish_metrics). rl/update.make_update_fn binds
-  the keyword arguments and jits this."""
+  `setup` and jits this."""
+  cfg = setup.cfg
   batch = as_packed(batch)
-  settings = {"model_config": model_config, "cfg": cfg, "batch_sharding": batch_sharding}
   ch, n_slots = chunk_batch(batch, cfg)
   has_tokens_c = any_after_first(ch["response_mask"] > 0)  # [n_chunks]
   full_mask = batch["response_mask"]  # [B, T, R]
   sampler_logp = jnp.where(full_mask > 0, batch["sampler_logp"], 0.0).astype(jnp.float32)
-  old_logp, use_sampler = old_logprobs(
-    state.params, ch, sampler_logp, has_tokens_c, old_from_sampler, **settings
+  old_logp, use_sampler = old_view_logprobs(
+    state.params, ch, sampler_logp, has_tokens_c, old_from_sampler, setup=setup
   )
   mask, view_metrics, batch_diff, n_tok = old_view_stats(
     full_mask, from_chunks(old_logp), sampler_logp, use_sampler, cfg.loss
   )
   data, has_samples_s = minibatch_data(
-    ch, old_logp, mask, has_tokens_c, n_slots, ref_params, **settings
+    ch, old_logp, mask, has_tokens_c, n_slots, ref_params, setup=setup
   )
-  state, met_sum, first = run_epochs(
-    state, data, has_samples_s, optimizer=optimizer, fuse=fuse, **settings
-  )
+  state, met_sum, first = run_epochs(state, data, has_samples_s, setup=setup)
   return state, finish_metrics(
     met_sum, first, view_metrics, batch_diff, n_tok, use_sampler, has_samples_s, cfg.epochs
   )

@@ -15,6 +15,7 @@ import optax
 import pytest
 
 from empo2_jax.model import llama
+from empo2_jax.rl import loops
 from empo2_jax.rl import update_grads as ug
 from empo2_jax.rl import update_steps as steps
 from empo2_jax.rl.update import (
@@ -262,11 +263,12 @@ def slots(params, batch, cfg=STEP_CFG, model=MODEL):
   ch, n_slots = steps.chunk_batch(packed, cfg)
   keep = jnp.any(ch["response_mask"] > 0, axis=(1, 2, 3))
   sampler = jnp.where(packed["response_mask"] > 0, packed["sampler_logp"], 0.0)
-  old, use = steps.old_logprobs(params, ch, sampler, keep, model_config=model, cfg=cfg)
+  setup = ug.UpdateSetup(model, cfg)
+  old, use = steps.old_view_logprobs(params, ch, sampler, keep, setup=setup)
   mask, _, _, _ = steps.old_view_stats(
     packed["response_mask"], steps.from_chunks(old), sampler, use, cfg.loss
   )
-  data, has = steps.minibatch_data(ch, old, mask, keep, n_slots, model_config=model, cfg=cfg)
+  data, has = steps.minibatch_data(ch, old, mask, keep, n_slots, setup=setup)
   return ch, keep, old, data, has
 
 
@@ -290,15 +292,15 @@ def test_chunks_and_old_logprobs_of_the_pieces():
     ch["old_starts"],
     R,
     keep.at[1].set(False),
-    model_config=MODEL,
-    cfg=STEP_CFG,
+    setup=ug.UpdateSetup(MODEL, STEP_CFG),
   )
   np.testing.assert_array_equal(part[1], 0.0)
   np.testing.assert_allclose(part[0], old[0], atol=1e-6)
   sampler = jnp.where(m, batch["sampler_logp"], 0.0)[:, None]
   smp_cfg = dataclasses.replace(STEP_CFG, old_logprobs="sampler")
   for flag in (None, True, False):
-    got, use = steps.old_logprobs(params, ch, sampler, keep, flag, model_config=MODEL, cfg=smp_cfg)
+    smp = ug.UpdateSetup(MODEL, smp_cfg)
+    got, use = steps.old_view_logprobs(params, ch, sampler, keep, flag, setup=smp)
     assert bool(use) == (flag is not False)
     np.testing.assert_allclose(
       steps.from_chunks(got), sampler if bool(use) else steps.from_chunks(old), atol=1e-6
@@ -317,20 +319,19 @@ def test_micro_batch_gradients_add_up_to_the_minibatch_step(fuse):
   d = jax.tree.map(lambda x: x[0], data)  # slot 0: leaves [n_micro, mb, ...]
   token_denom = jnp.sum(d["mask"])
   seq_denom = jnp.sum(jnp.any(d["mask"] > 0, axis=-1))
-  settings = {"model_config": model, "cfg": STEP_CFG}
+  opt = optax.sgd(0.05)  # Adam's g / (|g| + eps) would amplify rounding in near-zero gradients
+  setup = ug.UpdateSetup(model, STEP_CFG, opt, fuse)
 
   @jax.jit
   def accumulated(params, d):
     grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     for j in range(2):
       dj = jax.tree.map(lambda x: x[j], d)
-      grads, _ = ug.micro_batch_grads(
-        params, dj, grads, token_denom, seq_denom, fuse=fuse, **settings
-      )
+      grads, _ = ug.micro_batch_grads(params, dj, grads, token_denom, seq_denom, setup=setup)
     return grads
 
   whole = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), d)  # the slot's 4 rows at once
-  loss = functools.partial(ug.minibatch_loss, **settings)
+  loss = functools.partial(ug.minibatch_loss, setup=setup)
   (_, met), want = jax.jit(jax.value_and_grad(loss, has_aux=True))(
     params, whole, token_denom, seq_denom
   )
@@ -339,9 +340,8 @@ def test_micro_batch_gradients_add_up_to_the_minibatch_step(fuse):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   assert float(optax.global_norm(want)) > 0 and set(DIFF_KEYS) <= set(met)
 
-  opt = optax.sgd(0.05)  # Adam's g / (|g| + eps) would amplify rounding in near-zero gradients
   state = init_train_state(params, opt)
-  step = jax.jit(functools.partial(ug.minibatch_step, optimizer=opt, fuse=fuse, **settings))
+  step = jax.jit(functools.partial(ug.minibatch_step, setup=setup))
   new, met = step(state, d)
   assert isinstance(new, type(state)) and int(new.step) == 1
   updates, _ = opt.update(want, state.opt_state, params)
@@ -361,9 +361,7 @@ def test_epochs_step_only_the_slots_with_samples_and_metrics_average_them():
   _, _, _, data, _ = slots(params, make_batch(2))
   cfg = dataclasses.replace(STEP_CFG, epochs=2)
   opt = make_optimizer(cfg)
-  run = jax.jit(
-    functools.partial(steps.run_epochs, model_config=MODEL, cfg=cfg, optimizer=opt, fuse=False)
-  )
+  run = jax.jit(functools.partial(steps.run_epochs, setup=ug.UpdateSetup(MODEL, cfg, opt)))
   state, met_sum, first = run(init_train_state(params, opt), data, jnp.array([True, False]))
   assert int(state.step) == 2 and set(first) == set(DIFF_KEYS)
   assert not set(met_sum) & set(DIFF_KEYS) and {"grad_norm", "update_norm"} <= set(met_sum)
@@ -386,4 +384,8 @@ def test_inverse_temperatures_and_constrain_without_sharding():
   np.testing.assert_allclose(inv, [1.25, 2.0])
   assert ug.inv_temperature(None, 0.8) is None
   tree = {"a": jnp.ones(2)}
-  assert ug.constrain(tree, None) is tree
+  assert loops.constrain(tree, None) is tree
+  setup = ug.UpdateSetup(MODEL, STEP_CFG, optax.sgd(0.1))
+  assert hash(setup) == hash(ug.UpdateSetup(MODEL, STEP_CFG, setup.optimizer))  # a static arg
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    setup.fuse = True
