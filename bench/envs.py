@@ -56,7 +56,7 @@ def make_episodes(n):
   try:
     for i in range(n):
       task = TASKS[i % len(TASKS)]
-      var = env.rows(task, "train")[i // len(TASKS) % 5]
+      var = env.used_variations(task, "train")[i // len(TASKS) % 5]
       gold = env.gold_actions(task, var)
       env.reset(task, var)
       for k, action in enumerate(gold):

@@ -86,7 +86,7 @@ def main():
   tok = build.tokenizer(c)
   piece("tokenizer")
 
-  rows = a.rows or c.rollout.rows_per_iter * c.rollout.group_size
+  rows = a.rows or c.rollout.variations_per_iter * c.rollout.group_size
   # the actor's sampler: default SamplerSettings with the config's cache dtype (agent/actor.py)
   sampler_settings = SamplerSettings(cache_dtype=c.rollout.cache_dtype)
   session = Session(state.params, model_config, num_rows=rows, max_tokens=c.rollout.max_context,

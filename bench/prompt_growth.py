@@ -172,7 +172,7 @@ def paper(args):
   tok.model_max_length = 1 << 30  # prompts past the model's context are the point here
   env = sciworld_suite.local_env(SciWorldConfig())
   try:
-    variation = env.rows(args.task, "train")[0]
+    variation = env.used_variations(args.task, "train")[0]
     material = sciworld_suite.materials(env, args.task, [variation], 2)[(args.task, variation)]
     observations, responses = walk(env, args.task, variation, 30, args.seed)
   finally:

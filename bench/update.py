@@ -14,9 +14,9 @@ build_batch where the config's optim.layout is "turn") and rl/minibatch.arrange:
 trainer feeds the update.
 
 Settings, each in its own subprocess (a clean peak RSS):
-  old  today's path: optim.old_logprobs=recompute, model.remat=full, attention_impl=dense (where
+  old  today's path: optim.old_logp_source=recompute, model.remat=full, attention_impl=dense (where
        the model config has that field)
-  new  the config as it is now loaded (optim.old_logprobs=sampler on this on-policy batch:
+  new  the config as it is now loaded (optim.old_logp_source=sampler on this on-policy batch:
        old_from_sampler=True; the config's remat and attention), with --set's overrides
        (`--set model.remat=none --set optim.micro_rows=2`: levers measured on the same batch)
 Timing: the update is compiled ahead of time (jit.lower().compile(), not timed), then one call of
@@ -182,7 +182,7 @@ def child(
   c = load_config(CONFIG)
   c.unlock()
   if setting == "old":
-    c.optim.old_logprobs = "recompute"
+    c.optim.old_logp_source = "recompute"
     c.model.remat = "full"
   else:
     for item in sets:

@@ -32,8 +32,8 @@ def puzzle_config(name: str, task: str, env_fields: dict, args: dict):
     c.env[key] = value
   # Many maps: each training row is one seed (SPA draws fresh seeds every step; we walk a
   # permutation of these); 128 test maps (SPA validates on 128 groups).
-  c.env.num_train_rows = 256
-  c.env.num_test_rows = 128
+  c.env.num_train_variations = 256
+  c.env.num_test_variations = 128
   c.env.workers = 4  # no JVM: a worker is one light process
   c.env.few_shot = 1  # one solved map of another train seed in the first prompt
   c.rollout.max_context = 2048  # instruction + example + 5 turns: ~0.5-1k tokens
@@ -41,8 +41,8 @@ def puzzle_config(name: str, task: str, env_fields: dict, args: dict):
   if args.get("cpu") or args.get("tiny"):
     # "Left || Down || Right" is ~8 tokens
     defaults.small_cpu(c, max_new_tokens=16, max_context=1536, iterations=2, eval_every=2)
-    c.env.num_train_rows = 4
-    c.env.num_test_rows = 4
+    c.env.num_train_variations = 4
+    c.env.num_test_variations = 4
   if args.get("cpu"):
     defaults.embedded_model(c)
   if args.get("tiny"):

@@ -51,8 +51,8 @@ def _small(c, args):
   # 3 iterations (every mode once), evaluations after iterations 2 and 3
   defaults.small_cpu(c, max_new_tokens=16, max_context=1536, iterations=3, eval_every=2)
   c.env.task = args.get("task", "find-animal")
-  c.env.num_train_rows = 2
-  c.env.num_test_rows = 2
+  c.env.num_train_variations = 2
+  c.env.num_test_variations = 2
   c.env.max_steps = 4
   c.env.few_shot = 0  # zero-shot: a ~430-token first prompt instead of ~1k
 
@@ -69,10 +69,10 @@ def _learn(c, args):
   # can learn to act on it, and it leaves room to improve after SFT (the score counts focusing on
   # the right object and moving it to the right box).
   c.env.task = args.get("task", "find-non-living-thing")
-  c.env.num_train_rows = 10
-  c.env.num_test_rows = 10
+  c.env.num_train_variations = 10
+  c.env.num_test_variations = 10
   c.env.max_steps = 10
-  c.rollout.rows_per_iter = 2
+  c.rollout.variations_per_iter = 2
   c.rollout.group_size = 4
   c.rollout.max_context = 2048  # zero-shot 10-step episodes stay ~1.1k tokens
   c.optim.max_prompt_len = c.rollout.max_context - c.rollout.max_new_tokens
@@ -105,9 +105,9 @@ def _learn(c, args):
     c.model.compute_dtype = "bfloat16"
     c.rollout.cache_dtype = "bfloat16"
     c.env.workers = 16
-    c.env.num_train_rows = 20
-    c.env.num_test_rows = 40
-    c.rollout.rows_per_iter = 8
+    c.env.num_train_variations = 20
+    c.env.num_test_variations = 40
+    c.rollout.variations_per_iter = 8
     c.rollout.group_size = 8
     c.optim.minibatch_size = 128
     c.optim.micro_rows = 8
@@ -126,7 +126,7 @@ def _wide(c):
   variation repeats within 50 iterations), at half the step (lr 5e-6), with the update shapes
   grown once instead of refitted (fewer compiles). Evaluation is left to launch/eval.py on the
   saved checkpoints (all 75 test variations), so the run spends its time on iterations."""
-  c.env.num_train_rows = 100
+  c.env.num_train_variations = 100
   c.optim.lr = 5e-6
   c.optim.update_shapes = "grow"
   c.train.iterations = 16

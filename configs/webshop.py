@@ -29,8 +29,10 @@ def get_config(arg=None):
   c.env.num_products = 0  # 0 = every product record
   c.env.num_test = 500  # test = the first 500 goals after the seed-233 shuffle, train = the rest
   c.env.num_dev = 0
-  c.env.num_train_rows = 0  # all train goals; the trainer walks them rows_per_iter at a time
-  c.env.num_test_rows = 128  # verl-agent validates on 128 test goals
+  c.env.num_train_variations = (
+    0  # all train goals; the trainer walks them variations_per_iter at a time
+  )
+  c.env.num_test_variations = 128  # verl-agent validates on 128 test goals
   c.env.max_steps = 15
   c.env.reward_mode = "score"  # return = Table 2 score (100 x reward); "verl": 10 on a perfect buy
   c.env.search_backend = "lucene"
@@ -47,7 +49,7 @@ def get_config(arg=None):
     # admissible actions is ~700 tokens
     defaults.small_cpu(c, max_new_tokens=24, max_context=4096, iterations=2, eval_every=2)
     c.env.max_steps = 5  # search, click a product, pick up to two options, buy
-    c.env.num_test_rows = 2
+    c.env.num_test_variations = 2
   if args.get("cpu"):
     defaults.embedded_model(c)
     # Episodes of 5 pages with their action lists pack to ~2-3.5k tokens a row: without remat the

@@ -10,13 +10,29 @@ from __future__ import annotations
 import dataclasses
 
 
+# Config keys that were renamed (old dotted path -> new): an old key is refused with the new name
+# (docs/architecture.md, "Names").
+RENAMED = {
+  "optim.old_logprobs": "optim.old_logp_source",
+  "rollout.rows_per_iter": "rollout.variations_per_iter",
+  "env.num_train_rows": "env.num_train_variations",
+  "env.num_test_rows": "env.num_test_variations",
+}
+
+
 class UnknownKey(KeyError):
   """A dotted path that names no field: `where` (the node, e.g. 'config.empo2'), `part` (the
-  missing key) and `keys` (the node's keys)."""
+  missing key), `keys` (the node's keys) and `renamed_to` (the key's new path where it was
+  renamed, RENAMED; else None)."""
 
   def __init__(self, path: str, where: str, part: str, keys: list):
     self.path, self.where, self.part, self.keys = path, where, part, keys
-    super().__init__(f"{path!r}: {where} has no field {part!r}; valid keys: {', '.join(keys)}")
+    self.renamed_to = RENAMED.get(path)
+    if self.renamed_to:
+      msg = f"{path!r} was renamed: use {self.renamed_to!r}"
+    else:
+      msg = f"{path!r}: {where} has no field {part!r}; valid keys: {', '.join(keys)}"
+    super().__init__(msg)
 
   def __str__(self) -> str:  # KeyError's would quote the message
     return self.args[0]
@@ -43,4 +59,4 @@ def by_name(cls, section, **given):
   return cls(**{**{k: section[k] for k in section.keys() if k in fields}, **given})
 
 
-__all__ = ["UnknownKey", "lookup", "by_name"]
+__all__ = ["RENAMED", "UnknownKey", "lookup", "by_name"]

@@ -48,8 +48,8 @@ def get_config(arg=None):
     name="scienceworld",
     task="power-component",
     simplification="easy",
-    num_train_rows=5,
-    num_test_rows=20,
+    num_train_variations=5,
+    num_test_variations=20,
     max_steps=0,  # 0: the paper's per-task table
     workers=0,  # env pool processes; 0: one per usable CPU, at most the episodes per iteration
     call_timeout_s=120.0,
@@ -65,9 +65,9 @@ def get_config(arg=None):
     java_tool_options=DEFAULT_JAVA_OPTIONS,
   )  # see envs/scienceworld/env.py
 
-  # One iteration: rows_per_iter task rows x group_size rollouts (docs/method.md §1).
+  # One iteration: variations_per_iter task rows x group_size rollouts (docs/method.md §1).
   c.rollout = dict(
-    rows_per_iter=16,
+    variations_per_iter=16,
     group_size=8,
     temperature=1.0,
     top_p=1.0,
@@ -136,8 +136,8 @@ def get_config(arg=None):
     update_shapes="grow",
     # 'sampler': on-policy iterations take the sampler's per-token log-probs as the old
     # log-probs (no old-view forward pass) where they are valid; 'recompute': always a no-grad
-    # forward pass of the old view (train/settings.old_logprobs_source, rl/update.py).
-    old_logprobs="sampler",
+    # forward pass of the old view (train/settings.old_logp_source, rl/update.py).
+    old_logp_source="sampler",
   )
   # update_shapes: "grow" pads each iteration's update batch to the largest (token length, turns
   # per row, slots, slot rows) the run has compiled, so a run compiles a handful of update shapes
@@ -158,7 +158,7 @@ def get_config(arg=None):
     eval_every=20,
     eval_temperature=0.4,
     eval_repeats=4,
-    eval_batch=0,  # episodes sampled at once in an evaluation; 0: rows_per_iter x group_size
+    eval_batch=0,  # episodes sampled at once in an evaluation; 0: variations_per_iter x group_size
     eval_with_memory=False,
     eval_at_end=True,
     checkpoint_every=10,
@@ -254,7 +254,7 @@ def small_cpu(c, *, max_new_tokens: int, max_context: int, iterations: int, eval
   c.model.remat = "none"
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
   c.env.workers = 2
-  c.rollout.rows_per_iter = 2
+  c.rollout.variations_per_iter = 2
   c.rollout.group_size = 2
   c.rollout.max_new_tokens = max_new_tokens
   c.rollout.max_context = max_context
@@ -303,7 +303,7 @@ def tiny_model(c):
   c.memory.threshold = 0.95
   c.optim.lr = 1e-3
   c.env.max_steps = 2
-  c.env.num_test_rows = 1
+  c.env.num_test_variations = 1
   c.train.iterations = 2
   c.train.eval_every = 0
   c.train.eval_at_end = False

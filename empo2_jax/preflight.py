@@ -52,6 +52,8 @@ def check_overrides(args, config) -> None:
     try:
       config_keys.lookup(config, key[len("--config.") :])
     except config_keys.UnknownKey as e:
+      if e.renamed_to:
+        raise UserError("renamed config key", key, f"use --config.{e.renamed_to}") from None
       raise UserError(
         f"unknown config key: {e.where} has no field {e.part!r}",
         key,

@@ -7,7 +7,7 @@ weight updates.
 
 For each run in --workdir (comma-separated): the newest checkpoint's policy (the config's initial
 policy, with a warning, where there is none), an EMPTY memory (the run's memories belong to its
-own task; --keep_memory keeps them), the --task's test variations (config.env.num_test_rows),
+own task; --keep_memory keeps them), the --task's test variations (config.env.num_test_variations),
 trials at train.eval_temperature (empo2_jax/baselines/adapt.py). Prints the return per trial and
 writes <out>/adapt.json and <out>/adapt.png (return per trial, one line per run; default --out:
 <first workdir>/adapt_<task>). The weights are checked bit-identical before and after.
@@ -72,7 +72,7 @@ def adapt_run(config, workdir: str) -> dict:
       params,
       trainer.model_config,
       config.env.task,
-      trainer.test_rows,
+      trainer.test_variations,
       _TRIALS.value,
       temperature=config.train.eval_temperature,
       rng=jax.random.fold_in(trainer.rng, 30_000_000),

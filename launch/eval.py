@@ -54,9 +54,9 @@ _SPLIT = flags.DEFINE_enum(
   "split",
   "test",
   ["test", "dev", "train"],
-  "the variations evaluated: test (the first env.num_test_rows; the reported number), or train "
-  "(the first env.num_train_rows) / dev (the first env.num_test_rows dev variations) to choose "
-  "a setting, e.g. the target task, without looking at test variations",
+  "the variations evaluated: test (the first env.num_test_variations; the reported number), "
+  "or train (the first env.num_train_variations) / dev (the first env.num_test_variations dev "
+  "variations) to choose a setting, e.g. the target task, without looking at test variations",
 )
 _OUT = flags.DEFINE_string(
   "out", "", "where eval/ (table.md, table.csv, result.json) is written; default: --workdir"
@@ -152,7 +152,7 @@ def _reflexion(trainer, config):
     params,
     trainer.model_config,
     config.env.task,
-    trainer.test_rows,
+    trainer.test_variations,
     cfg,
     temperature=config.train.eval_temperature,
     rng=jax.random.fold_in(trainer.rng, 20_000_000),
@@ -180,24 +180,24 @@ def _reflexion(trainer, config):
 
 
 def use_split(trainer, config, split: str) -> list:
-  """Points `trainer`'s evaluation (its test_rows) at `split`'s variations and returns them:
+  """Points `trainer`'s evaluation (its test_variations) at `split`'s variations and returns them:
   test as built; train: the training rows (their prompt material exists); dev: the first
-  env.num_test_rows dev variations, whose prompt material is built here."""
+  env.num_test_variations dev variations, whose prompt material is built here."""
   from empo2_jax.train import build
 
   if split == "train":
-    trainer.test_rows = list(trainer.train_rows)
+    trainer.test_variations = list(trainer.train_variations)
   elif split == "dev":
     env = build.suite(config).local_env(build.env_config(config))
     try:
-      rows = env.variations(config.env.task, "dev")[: config.env.num_test_rows]
+      rows = env.variations(config.env.task, "dev")[: config.env.num_test_variations]
       trainer.actor.materials.update(build.materials(config, env, rows))
     finally:
       env.close()
-    trainer.test_rows = list(rows)
+    trainer.test_variations = list(rows)
   elif split != "test":
     raise ValueError(f"split={split!r}; valid: test, dev, train")
-  return list(trainer.test_rows)
+  return list(trainer.test_variations)
 
 
 def main(argv):

@@ -128,8 +128,8 @@ def evaluate(config) -> None:
   tokenizer = build.tokenizer(config)
   pool, env = build.envs(config)
   try:
-    test_rows = env.rows(config.env.task, "test")
-    materials = build.materials(config, env, test_rows)
+    test_variations = env.used_variations(config.env.task, "test")
+    materials = build.materials(config, env, test_variations)
   except BaseException:
     pool.close()
     raise
@@ -147,7 +147,7 @@ def evaluate(config) -> None:
     )
     specs = [
       (config.env.task, v, g)
-      for g, v in enumerate(test_rows)
+      for g, v in enumerate(test_variations)
       for _ in range(config.train.eval_repeats)
     ]
     episodes, stats = agent.run(params, model_config, specs, rng=jax.random.PRNGKey(config.seed))

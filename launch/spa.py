@@ -8,8 +8,8 @@ policy, SFT on it, then RL from the SFT checkpoint with Pass@1 / Pass@k in the e
 config.method is set to "spa" (its defaults: no memory, spa.enabled); --config.<path>=value
 overrides as in launch/train.py (command-line keys win over the method's defaults).
 
-Stage A  (<workdir>/spa/) spa.collect_iterations rollouts of rollout.rows_per_iter training rows x
-         rollout.group_size episodes with the policy of model.checkpoint, at
+Stage A  (<workdir>/spa/) spa.collect_iterations rollouts of rollout.variations_per_iter training
+         variations x rollout.group_size episodes with the policy of model.checkpoint, at
          spa.collect_temperature, the world-model answer format requested (methods/spa.py
          WM_INSTRUCTION). Every episode becomes an SFT chat whose assistant turns hold the TRUE
          state before and after the turn (explore/spa.episode_chat); a seeded split by episode

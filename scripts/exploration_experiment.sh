@@ -32,13 +32,13 @@
 #    empo2_rule (empo2 with empo2.reflector=rule: tips built from the score gains and unmet
 #    subgoals, a mechanism check; memory, modes and updates as in empo2), seeds SEEDS, all from
 #    the one SFT checkpoint, cycling over the first TRAIN_ROWS (4) train variations. Each arm
-#    runs the same iterations of rows_per_iter x group_size
+#    runs the same iterations of variations_per_iter x group_size
 #    episodes of at most env.max_steps steps (configs/sciworld.py:learn: 2 x 4 x 10), i.e. the
 #    same environment-step budget; training is staged to each of ITERS (train.iterations raised
 #    stage by stage; the run resumes from its checkpoint, checkpoint_every=1), with no in-run
 #    evaluation (launch/eval.py does it in step 4).
 # 4. eval: at each of ITERS (default 6), every run's checkpoint on ALL test variations of the target
-#    (env.num_test_rows=10000 keeps all of them), eval_repeats=1, temperature 0.4, without memory
+#    (env.num_test_variations=10000 keeps all of them), eval_repeats=1, temperature 0.4, without memory
 #    (the paper's number); the EMPO2 arms also with their memory (label <arm>_mem). The SFT
 #    start itself is evaluated the same way once ($ROOT/eval/<target>/it0, label sft).
 #    launch/eval.py evaluates a run's NEWEST checkpoint, so steps 3 and 4 alternate: every run
@@ -71,7 +71,7 @@ CANDIDATES=${CANDIDATES:-find-non-living-thing find-animal find-plant find-livin
 CHOOSE_ROWS=${CHOOSE_ROWS:-20}
 SEEDS=${SEEDS:-0 1 2}
 ITERS=${ITERS:-6}  # docs/results.md: the sizing, fixed before the first run
-# Train variations the arms cycle over (rows_per_iter = 2 a iteration, a per-epoch permutation):
+# Train variations the arms cycle over (variations_per_iter = 2 a iteration, a per-epoch permutation):
 # with 4, every variation recurs every second iteration, so from iteration 3 on a memory rollout
 # reads tips its variation's earlier visits wrote. The first protocol kept learn's 10: in 6
 # iterations a memory iteration almost always met a variation not seen before and retrieved
@@ -114,7 +114,7 @@ step_choose() {
     out=$ROOT/choose/$task
     [ -f "$out/eval/result.json" ] && continue
     run "$PY" launch/eval.py --config="$BASE,task=$task" --method=naive --split=train \
-      --config.model.checkpoint="$HF" --config.env.num_train_rows="$CHOOSE_ROWS" \
+      --config.model.checkpoint="$HF" --config.env.num_train_variations="$CHOOSE_ROWS" \
       --config.train.eval_repeats=1 --config.train.eval_temperature=0.4 --workdir="$out"
   done
   "$PY" - "$ROOT" $CANDIDATES <<'EOF'
@@ -144,7 +144,7 @@ train_to() {  # train_to ARM SEED ITER: the run resumed up to ITER completed ite
   [ "$(done_iters "$run_dir")" -ge "$it" ] && return
   # shellcheck disable=SC2046
   run "$PY" launch/train.py --config="$BASE,task=$task" $(arm_flags "$arm") \
-    --config.seed="$seed" --config.model.checkpoint="$HF" --config.env.num_train_rows="$TRAIN_ROWS" \
+    --config.seed="$seed" --config.model.checkpoint="$HF" --config.env.num_train_variations="$TRAIN_ROWS" \
     --config.train.iterations="$it" --config.train.eval_every=0 \
     --config.train.eval_at_end=False --config.train.checkpoint_every=1 \
     --config.train.keep_checkpoints=2 --config.train.save_episodes=True --workdir="$run_dir"
@@ -175,7 +175,7 @@ eval_at() {  # eval_at ARM SEED ITER: test variations, no memory (and with memor
     # shellcheck disable=SC2046
     run "$PY" launch/eval.py --config="$BASE,task=$task" $(arm_flags "$arm") \
       --config.seed="$seed" --config.model.checkpoint="$HF" \
-      --config.env.num_test_rows=10000 --config.train.eval_repeats=1 \
+      --config.env.num_test_variations=10000 --config.train.eval_repeats=1 \
       --config.train.eval_temperature=0.4 --memory="$mem" --label="$label" \
       --workdir="$run_dir" --out="$dest"
     check_iteration "$dest/eval/result.json" "$it"
@@ -188,7 +188,7 @@ eval_sft_start() {  # the SFT policy on the same test variations: the arms' comm
   dest=$ROOT/eval/$task/it0/sft
   [ -f "$dest/eval/result.json" ] && return
   run "$PY" launch/eval.py --config="$BASE,task=$task" --method=naive --label=sft \
-    --config.model.checkpoint="$HF" --config.env.num_test_rows=10000 \
+    --config.model.checkpoint="$HF" --config.env.num_test_variations=10000 \
     --config.train.eval_repeats=1 --config.train.eval_temperature=0.4 \
     --workdir="$dest" --out="$dest"
 }

@@ -73,7 +73,7 @@ def row(spec: str) -> list[str]:
   cells = []
   for label, key in FIELDS:
     if label == "rows x group":
-      cells.append(f"{c.rollout.rows_per_iter} x {c.rollout.group_size}")
+      cells.append(f"{c.rollout.variations_per_iter} x {c.rollout.group_size}")
     elif label == "p / q":
       cells.append(f"{_fmt(c.empo2.p_memory)} / {_fmt(c.empo2.q_offpolicy)}")
     elif label == "model":

@@ -81,7 +81,7 @@ done_iters() {
 
 common() {  # the flags every run and evaluation shares (the method comes from arm_flags)
   echo "--config=$CFG --config.empo2.reflector=rule" \
-    "--config.model.checkpoint=$HF --config.env.num_train_rows=$TRAIN_ROWS"
+    "--config.model.checkpoint=$HF --config.env.num_train_variations=$TRAIN_ROWS"
 }
 
 step_prep() {
@@ -98,7 +98,7 @@ step_insample() {
   if [ ! -f "$eps/with.jsonl" ]; then
     # shellcheck disable=SC2046
     run "$PY" launch/eval.py $(common) --config.method=empo2 --split=train --memory=with \
-      --label=insample_episodes --config.env.num_test_rows="$TRAIN_ROWS" \
+      --label=insample_episodes --config.env.num_test_variations="$TRAIN_ROWS" \
       --config.train.eval_repeats="$INSAMPLE_REPEATS" --config.train.eval_temperature=0.4 \
       --workdir="$MEM" --out="$ROOT/insample" --episodes="$eps"
   fi
@@ -148,7 +148,7 @@ eval_one() {  # eval_one WORKDIR DEST [extra flags]: tip-free on the probe varia
   [ -f "$dest/eval/result.json" ] && return
   # shellcheck disable=SC2046
   run "$PY" launch/eval.py $(common) --split=dev --memory=without \
-    --config.env.num_test_rows="$PROBE_ROWS" --config.train.eval_repeats=1 \
+    --config.env.num_test_variations="$PROBE_ROWS" --config.train.eval_repeats=1 \
     --config.train.eval_temperature=0.4 --workdir="$dir" --out="$dest" "$@"
 }
 

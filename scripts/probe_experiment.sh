@@ -85,7 +85,7 @@ done_iters() {
 
 common() {  # the flags every run and evaluation shares
   echo "--config=$CFG --config.method=empo2 --config.empo2.reflector=rule" \
-    "--config.model.checkpoint=$HF --config.env.num_train_rows=$TRAIN_ROWS"
+    "--config.model.checkpoint=$HF --config.env.num_train_variations=$TRAIN_ROWS"
 }
 
 step_sft() {  # built (or found) and checked against $ARCHIVE/sft.json, written there the first time
@@ -107,7 +107,7 @@ step_probe() {
   if [ ! -f "$eps/with.jsonl" ]; then
     # shellcheck disable=SC2046
     run "$PY" launch/eval.py $(common) --split=dev --memory=with --label=probe_episodes \
-      --config.env.num_test_rows="$PROBE_ROWS" --config.train.eval_repeats="$PROBE_REPEATS" \
+      --config.env.num_test_variations="$PROBE_ROWS" --config.train.eval_repeats="$PROBE_REPEATS" \
       --config.train.eval_temperature=0.4 --workdir="$MEM" --out="$ROOT/probe" --episodes="$eps"
   fi
   [ -f "$ROOT/probe/probe.jsonl" ] && { echo "probe set done"; return; }
@@ -152,7 +152,7 @@ eval_one() {  # eval_one WORKDIR DEST [extra flags]: tip-free on the probe varia
   [ -f "$dest/eval/result.json" ] && return
   # shellcheck disable=SC2046
   run "$PY" launch/eval.py $(common) --split=dev --memory=without \
-    --config.env.num_test_rows="$PROBE_ROWS" --config.train.eval_repeats=1 \
+    --config.env.num_test_variations="$PROBE_ROWS" --config.train.eval_repeats=1 \
     --config.train.eval_temperature=0.4 --workdir="$dir" --out="$dest" "$@"
 }
 

@@ -35,10 +35,11 @@ class PromptMaterial:
 
 
 def few_shot_variation_order(env: SciWorldEnv, task: str) -> list[int]:
-  """Train variations to draw examples from: first those outside the training rows (so an example
-  is not the very episode being trained on), then the training rows from the last one back."""
+  """Train variations to draw examples from: first those outside the training variations (so an
+  example is not the very episode being trained on), then the training variations from the last
+  one back."""
   train = env.variations(task, "train")
-  n_rows = env.config.num_train_rows
+  n_rows = env.config.num_train_variations
   return train[n_rows:] + train[:n_rows][::-1]
 
 

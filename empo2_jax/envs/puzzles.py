@@ -1,7 +1,8 @@
 """Grid puzzles (FrozenLake, Sokoban) as TextEnvs, run as RAGEN/SPA run them (docs/methods.md §7.5).
 
 One variation is one generated map: its seed. Train, dev and test variations are disjoint seed
-ranges (TRAIN_SEEDS, DEV_SEEDS, TEST_SEEDS); the rows of a split are its first `num_*_rows` seeds.
+ranges (TRAIN_SEEDS, DEV_SEEDS, TEST_SEEDS); the variations a run uses of a split are its first
+`num_*_variations` seeds.
 
 A turn is one model answer, which may hold several actions: "Left || Up" (RAGEN's separator).
 `parse_actions` is tolerant: it reads the <answer>...</answer> part if there is one, else the whole
@@ -59,9 +60,9 @@ class PuzzleConfig:
   max_actions_per_turn: int = 5
   max_actions: int = 10  # actions per episode (RAGEN: max_actions_per_traj)
   format_penalty: float = -0.1  # per turn with an unreadable piece or no action
-  num_train_rows: int = 5
-  num_dev_rows: int = 20
-  num_test_rows: int = 20
+  num_train_variations: int = 5
+  num_dev_variations: int = 20
+  num_test_variations: int = 20
 
   def __post_init__(self):
     if self.render not in RENDERS:
@@ -70,15 +71,17 @@ class PuzzleConfig:
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
     for split, (_, count) in zip(("train", "dev", "test"), (TRAIN_SEEDS, DEV_SEEDS, TEST_SEEDS)):
-      n = self.num_rows(split)
+      n = self.num_variations(split)
       if not 0 <= n <= count:
         raise ValueError(f"num_{split}_rows={n} must be in 0..{count}")
 
-  def num_rows(self, split: Split) -> int:
+  def num_variations(self, split: Split) -> int:
     check_split(split)
-    return {"train": self.num_train_rows, "dev": self.num_dev_rows, "test": self.num_test_rows}[
-      split
-    ]
+    return {
+      "train": self.num_train_variations,
+      "dev": self.num_dev_variations,
+      "test": self.num_test_variations,
+    }[split]
 
   def max_steps(self, task: str) -> int:
     del task
@@ -194,9 +197,9 @@ class PuzzleEnv:
     self._check_task(task)
     return list(seeds(split))
 
-  def rows(self, task: str, split: Split) -> list[int]:
+  def used_variations(self, task: str, split: Split) -> list[int]:
     self._check_task(task)
-    return list(seeds(split)[: self.config.num_rows(split)])
+    return list(seeds(split)[: self.config.num_variations(split)])
 
   def gold_plan(self, task: str, variation: int) -> list[str]:
     self._check_variation(task, variation)
@@ -362,12 +365,12 @@ def replay_gold(env: PuzzleEnv, task: str, variation: int) -> tuple[GoldTrajecto
 def gold_trajectories(
   env: PuzzleEnv, task: str, n: int, exclude: Sequence[int] = (), max_candidates: int = 200
 ) -> list[GoldTrajectory]:
-  """`n` solved gold episodes of train seeds after the training rows (never a row itself)."""
+  """`n` solved gold episodes of train seeds after the training variations (never one of them)."""
   out = []
   if n <= 0:
     return out
   skip = set(int(v) for v in exclude)
-  for v in seeds("train")[env.config.num_train_rows :][:max_candidates]:
+  for v in seeds("train")[env.config.num_train_variations :][:max_candidates]:
     if v in skip:
       continue
     traj, success = replay_gold(env, task, v)
@@ -419,8 +422,8 @@ COMMON_FIELDS = (
   "max_actions_per_turn",
   "max_actions",
   "format_penalty",
-  "num_train_rows",
-  "num_test_rows",
+  "num_train_variations",
+  "num_test_variations",
 )
 
 

@@ -3,9 +3,9 @@
     suite = registry.get_suite(config.env.name)     # a typo names the valid names
     env_cfg = suite.env_config(config)              # the env's own frozen, picklable config
     pool = EnvPool(suite.worker(env_cfg), PoolConfig(...))   # worker processes step the episodes
-    env = suite.local_env(env_cfg)                  # in-process: rows, gold runs, prompt material
-    rows = env.rows(task, "train")
-    materials = suite.materials(env, task, rows, n_few_shot)  # {(task, variation): material}
+    env = suite.local_env(env_cfg)                  # in-process: variations, gold runs, prompts
+    variations = env.used_variations(task, "train")
+    materials = suite.materials(env, task, variations, n_few_shot)  # {(task, variation): material}
     suite.prompts.first_user_message(materials[(task, v)], observation, tips)
 
 What an EnvSuite holds:
@@ -15,7 +15,7 @@ What an EnvSuite holds:
   worker        env config -> a picklable `base.WorkerFactory`: `start()` runs in each pool worker
                 process and returns a host whose `new_env()` makes one `base.TextEnv` per slot
                 (ScienceWorld: one JVM per worker, pid reported so the pool can kill it)
-  local_env     env config -> an in-process TextEnv that also has `rows(task, split)` (the
+  local_env     env config -> an in-process TextEnv that also has `variations(task, split)` (the
                 variations used for train/test) and `close()`; it replays gold trajectories,
                 so it has no agent step limit
   materials     (local env, task, variations, n_few_shot) -> {(task, variation): material}, the

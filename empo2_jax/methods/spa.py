@@ -47,7 +47,7 @@ from empo2_jax.methods.base import GRPO_OVERRIDES, Plugin, register
 # [proposed]: a proposal of docs/methods.md, not a value found in the authors' code.
 SECTION = dict(
   enabled=False,
-  # [proposed] stage A: iterations of rollout.rows_per_iter x group_size episodes of the
+  # [proposed] stage A: iterations of rollout.variations_per_iter x group_size episodes of the
   # current policy in the world-model format (SPA: 5 batches of 256 episodes)
   collect_iterations=2,
   collect_temperature=1.0,  # SPA samples at temperature 1

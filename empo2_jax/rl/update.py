@@ -7,7 +7,7 @@
 Inside one call:
   1. old log-probs of the "old" view for every row, in micro-batches, without gradient
      (docs/method.md §4: the trainer recomputes them, so the ratio starts at 1 when both views
-     agree), or, with UpdateConfig.old_logprobs="sampler" and old_from_sampler true, the batch's
+     agree), or, with UpdateConfig.old_logp_source="sampler" and old_from_sampler true, the batch's
      `sampler_logp` taken as they are (no forward pass; see "Old log-probs from the sampler" below);
   2. the low-probability sample mask from those old log-probs (docs/method.md §5);
   3. for each PPO epoch and each mini-batch holding samples: gradients summed over its
@@ -37,11 +37,11 @@ without top-k/top-p, in the same dtype, those ARE the old log-probs up to floati
 reassociation (sampler: chunked prefill + per-token decode against a KV cache; update: one forward
 over the packed row). On SmolLM2-135M-Instruct in fp32 at temperature 1 the two differ by at most
 3.1e-5 nats over 500 sampled response tokens (tests/rl/test_old_logprobs.py; SAMPLER_LOGP_TOL =
-1e-3 is the tolerance). With cfg.old_logprobs="sampler" the update takes a dynamic flag
+1e-3 is the tolerance). With cfg.old_logp_source="sampler" the update takes a dynamic flag
 `old_from_sampler` (bool scalar; None = True): true skips the old-view forward pass (one of the
 ~5 forward-equivalents a trained token costs), false recomputes as above; one compiled program
 serves both (lax.cond), so an off-policy iteration costs no extra compile. Which iterations may
-pass true is the trainer's decision (train/settings.old_logprobs_from_sampler,
+pass true is the trainer's decision (train/settings.old_logp_from_sampler,
 train/trainer.py). The low-probability mask then reads the sampler's log-probs (a token within
 1e-3 of the delta threshold may flip; none in the measured batches).
 
@@ -77,7 +77,7 @@ from empo2_jax.rl.update_steps import (  # noqa: F401
 )
 
 MASTER_DTYPE = "float32"
-OLD_LOGPROBS = ("recompute", "sampler")
+OLD_LOGP_SOURCES = ("recompute", "sampler")
 # The largest |sampler_logp - recomputed old_logp| (nats, over real response tokens) accepted
 # when the update takes the sampler's log-probs as old log-probs: measured 3.1e-5 on
 # SmolLM2-135M-Instruct in fp32 at temperature 1 (tests/rl/test_old_logprobs.py), ~30x margin.
@@ -101,14 +101,14 @@ class UpdateConfig:
   temperature: float  # rollout.temperature: the sampler's training temperature
   # "recompute": old log-probs by a no-grad forward pass of the old view; "sampler": the batch's
   # sampler_logp where the caller says they are valid (old_from_sampler; module docstring).
-  old_logprobs: str
+  old_logp_source: str
   loss: LossConfig
   eps: float = 1e-8  # AdamW epsilon
   vocab_chunk: int = 8192  # vocabulary columns per log-prob chunk (rl/logprobs.py)
 
   def __post_init__(self):
-    if self.old_logprobs not in OLD_LOGPROBS:
-      raise ValueError(f"UpdateConfig.old_logprobs must be one of {OLD_LOGPROBS}")
+    if self.old_logp_source not in OLD_LOGP_SOURCES:
+      raise ValueError(f"UpdateConfig.old_logp_source must be one of {OLD_LOGP_SOURCES}")
     # The only check of these optim keys (train/build.check_config builds this object).
     for name in ("minibatch_size", "micro_rows", "epochs", "vocab_chunk"):
       if int(getattr(self, name)) < 1:

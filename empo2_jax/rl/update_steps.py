@@ -154,28 +154,30 @@ def view_logprobs(params, ch, view, has_tokens_c, setup: UpdateSetup):
 
 
 def old_view_logprobs(params, ch, sampler_logp, has_tokens_c, old_from_sampler=None, *, setup):
-  """The old log-probs of every row (docs/method.md §4), [n_chunks, mb, T, R], and use_sampler
+  """The old log-probs of every row (docs/method.md §4), [n_chunks, mb, T, R], and old_from_sampler
   (bool scalar: they are the sampler's). Recomputed by no_grad_logprobs over the old view of the
   chunks ch (chunk_batch) that have response tokens (has_tokens_c [n_chunks]), or, with
-  cfg.old_logprobs == "sampler" and old_from_sampler true (None: true), the sampler's log-probs
+  cfg.old_logp_source == "sampler" and old_from_sampler true (None: true), the sampler's log-probs
   sampler_logp [B, T, R] in chunks, with no forward pass; in "sampler" mode one program serves
   both (lax.cond runs only the branch taken)."""
   n_chunks = ch["old_tokens"].shape[0]
   recompute = functools.partial(view_logprobs, params, ch, "old", has_tokens_c, setup)
-  if setup.cfg.old_logprobs == "sampler":
-    use_sampler = jnp.asarray(True if old_from_sampler is None else old_from_sampler, jnp.bool_)
+  if setup.cfg.old_logp_source == "sampler":
+    old_from_sampler = jnp.asarray(
+      True if old_from_sampler is None else old_from_sampler, jnp.bool_
+    )
     # One program for both: lax.cond runs only the branch taken.
-    old_logp = jax.lax.cond(use_sampler, lambda: to_chunks(sampler_logp, n_chunks), recompute)
+    old_logp = jax.lax.cond(old_from_sampler, lambda: to_chunks(sampler_logp, n_chunks), recompute)
   else:
-    use_sampler = jnp.asarray(False)
+    old_from_sampler = jnp.asarray(False)
     old_logp = recompute()
-  return old_logp, use_sampler
+  return old_logp, old_from_sampler
 
 
-def old_view_stats(full_mask, old_flat, sampler_logp, use_sampler, loss_cfg):
+def old_view_stats(full_mask, old_flat, sampler_logp, old_from_sampler, loss_cfg):
   """The low-probability sample mask (docs/method.md §5) and the old view's batch-level figures:
   full_mask (response mask), old_flat (old log-probs) and sampler_logp, [B, T, R] each, and
-  use_sampler (bool scalar) -> (mask [B, T, R]: full_mask with the masked turn samples zeroed,
+  old_from_sampler (bool scalar) -> (mask [B, T, R]: full_mask with the masked turn samples zeroed,
   metrics: masked_frac, old_logp_mean, n_tokens, old_from_sampler and per_sample
   (per_sample_stats), batch_diff [B, T, R]: |sampler_logp - old_flat| on real tokens, n_tok: the
   real response tokens, at least 1)."""
@@ -190,7 +192,7 @@ def old_view_stats(full_mask, old_flat, sampler_logp, use_sampler, loss_cfg):
     "masked_frac": jnp.sum(masked_b) / n_with_tokens,
     "old_logp_mean": jnp.sum(jnp.where(full_mask > 0, old_flat, 0.0)) / n_tok,
     "n_tokens": jnp.sum(mask),
-    "old_from_sampler": use_sampler.astype(jnp.float32),
+    "old_from_sampler": old_from_sampler.astype(jnp.float32),
     "per_sample": per_sample_stats(full_mask, old_flat, masked_b.reshape(full_mask.shape[:2])),
   }
   return mask, metrics, batch_diff, n_tok
@@ -279,21 +281,21 @@ def ratio_figures(hist, pos_n, pos_low_n) -> dict:
 
 
 def finish_metrics(
-  met_sum, first, view_metrics, batch_diff, n_tok, use_sampler, has_samples_s, epochs
+  met_sum, first, view_metrics, batch_diff, n_tok, old_from_sampler, has_samples_s, epochs
 ):
   """The update's metrics (rl/update.make_update_fn's docstring) from run_epochs' met_sum and
-  first, old_view_stats' view_metrics, batch_diff [B, T, R] and n_tok, use_sampler and
+  first, old_view_stats' view_metrics, batch_diff [B, T, R] and n_tok, old_from_sampler and
   has_samples_s [n_slots]: the step metrics averaged over the epochs * (slots with samples)
   optimizer steps (ratio_max: their max), optim_steps, the view metrics, and
   sampler_vs_old_logp_absdiff / _maxdiff over the whole batch when the old log-probs were
   recomputed, else over the first step's forward pass (unchanged weights, so its log-probs are
   the recomputed old ones)."""
   absdiff = jnp.where(
-    use_sampler,
+    old_from_sampler,
     first["_diff_sum"] / jnp.maximum(first["_diff_n"], 1),
     jnp.sum(batch_diff) / n_tok,
   )
-  maxdiff = jnp.where(use_sampler, first["_diff_max"], jnp.max(batch_diff))
+  maxdiff = jnp.where(old_from_sampler, first["_diff_max"], jnp.max(batch_diff))
   met_sum = dict(met_sum)
   ratio = {}  # absent only where a caller sums its own step metrics
   if all(k in met_sum for k in _RATIO_KEYS):
@@ -320,16 +322,16 @@ def update(state, batch, ref_params=None, old_from_sampler=None, *, setup: Updat
   has_tokens_c = any_after_first(ch["response_mask"] > 0)  # [n_chunks]
   full_mask = batch["response_mask"]  # [B, T, R]
   sampler_logp = jnp.where(full_mask > 0, batch["sampler_logp"], 0.0).astype(jnp.float32)
-  old_logp, use_sampler = old_view_logprobs(
+  old_logp, old_from_sampler = old_view_logprobs(
     state.params, ch, sampler_logp, has_tokens_c, old_from_sampler, setup=setup
   )
   mask, view_metrics, batch_diff, n_tok = old_view_stats(
-    full_mask, from_chunks(old_logp), sampler_logp, use_sampler, cfg.loss
+    full_mask, from_chunks(old_logp), sampler_logp, old_from_sampler, cfg.loss
   )
   data, has_samples_s = minibatch_data(
     ch, old_logp, mask, has_tokens_c, n_slots, ref_params, setup=setup
   )
   state, met_sum, first = run_epochs(state, data, has_samples_s, setup=setup)
   return state, finish_metrics(
-    met_sum, first, view_metrics, batch_diff, n_tok, use_sampler, has_samples_s, cfg.epochs
+    met_sum, first, view_metrics, batch_diff, n_tok, old_from_sampler, has_samples_s, cfg.epochs
   )

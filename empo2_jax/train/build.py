@@ -20,8 +20,14 @@ def check_config(c) -> None:
       "e.g. --config.model.checkpoint=/path/to/Qwen2.5-7B-Instruct, or run the CPU demo with "
       "--config=configs/sciworld.py:cpu (random-init small model)"
     )
-  from empo2_jax import methods
+  from empo2_jax import config_keys, methods
 
+  for old, new in config_keys.RENAMED.items():  # a config file that still sets a renamed key
+    try:
+      config_keys.lookup(c, old)
+    except config_keys.UnknownKey:
+      continue
+    raise ConfigError(f"config key {old} was renamed: set {new} instead")
   try:  # config.method, then every method plugin's section (empo2, rnd, sge, herl, spa, ...)
     methods.check(c)
   except ValueError as e:
@@ -64,7 +70,7 @@ def check_config(c) -> None:
   if c.train.eval_batch < 0:
     raise ConfigError(
       f"train.eval_batch={c.train.eval_batch}; pass the episodes to sample at once (>= 1), "
-      "or 0 for a training rollout's rows_per_iter x group_size"
+      "or 0 for a training rollout's variations_per_iter x group_size"
     )
   if c.rollout.group_size < 2:
     raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
@@ -236,7 +242,8 @@ def envs(c):
   pool = EnvPool(
     env_suite.worker(env_cfg),
     PoolConfig(
-      num_workers=c.env.workers or auto_workers(c.rollout.rows_per_iter * c.rollout.group_size),
+      num_workers=c.env.workers
+      or auto_workers(c.rollout.variations_per_iter * c.rollout.group_size),
       java_tool_options=c.env.java_tool_options,
       call_timeout_s=c.env.call_timeout_s,
       max_retries=c.env.max_retries,

@@ -10,7 +10,7 @@ One checkpoint step holds three orbax items:
           with RND (methods/rnd.py) also its networks, Adam state and running statistics
   memory  the tip memory (MemoryStore.state_dict() as one npz blob: orbax cannot save the empty
           arrays of an empty memory)
-  meta    JSON: iteration, env-row cursor, the config, the metrics records up to this iteration
+  meta    JSON: iteration, variation cursor, the config, the metrics records up to this iteration
 Per-iteration keys are fold_in(rng, iteration) and rows come from the cursor, so these few numbers
 are the whole loop state; the reference policy (KL) is rebuilt from the config like the first time.
 
@@ -338,7 +338,7 @@ def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
   meta = {
     "format": FORMAT_VERSION,
     "iteration": step,
-    "row_cursor": int(trainer.row_cursor),
+    "variation_cursor": int(trainer.variation_cursor),
     "config": json.loads(trainer.config.to_json()),
     "saved_at": time.time(),
     "metrics": read_records(trainer.workdir, upto=step),
@@ -370,7 +370,9 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   def check(state, blob, meta):
     del state
     stores["memory"] = memory_from_blob(blob)  # a corrupt blob fails here, not later
-    for k in ("iteration", "row_cursor"):
+    if "variation_cursor" not in meta and "row_cursor" in meta:  # its name in older checkpoints
+      meta["variation_cursor"] = meta["row_cursor"]
+    for k in ("iteration", "variation_cursor"):
       if not isinstance(meta.get(k), int):
         raise ValueError(f"meta has no integer {k!r}")
 
@@ -381,7 +383,10 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   trainer.state, trainer.rng = state["train"], state["rng"]
   if hooks is not None:
     hooks.load(state.get("explore"), meta.get("explore"))
-  trainer.iteration, trainer.row_cursor = int(meta["iteration"]), int(meta["row_cursor"])
+  trainer.iteration, trainer.variation_cursor = (
+    int(meta["iteration"]),
+    int(meta["variation_cursor"]),
+  )
   if hasattr(trainer, "update_floor"):  # older checkpoints have none: the floor starts at zero
     saved = meta.get("update_floor") or {}
     trainer.update_floor = {k: int(saved.get(k, 0)) for k in trainer.update_floor}
@@ -398,10 +403,10 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
       ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed),
     )
   log.info(
-    "resumed from %s: iteration %d, row cursor %d, %d memories",
+    "resumed from %s: iteration %d, variation cursor %d, %d memories",
     ckpt.directory / str(step),
     trainer.iteration,
-    trainer.row_cursor,
+    trainer.variation_cursor,
     len(trainer.memory.store),
   )
   return step

@@ -44,7 +44,7 @@ class Evaluator:
     c = self.config
     specs = self.specs(rows)
     notes = self.notes(specs)
-    size = c.train.eval_batch or c.rollout.rows_per_iter * c.rollout.group_size
+    size = c.train.eval_batch or c.rollout.variations_per_iter * c.rollout.group_size
     episodes = []
     for k, start in enumerate(range(0, len(specs), size)):
       part = slice(start, start + size)

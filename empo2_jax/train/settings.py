@@ -29,16 +29,16 @@ def update_config(c) -> update_lib.UpdateConfig:
     update_lib.UpdateConfig,
     c.optim,
     temperature=c.rollout.temperature,
-    old_logprobs=old_logprobs_source(c)[0],
+    old_logp_source=old_logp_source(c)[0],
     loss=loss_config(c),
   )
 
 
-def old_logprobs_source(c) -> tuple[str, str]:
+def old_logp_source(c) -> tuple[str, str]:
   """("sampler" | "recompute", why): where the update's old log-probs come from (static: it
   decides the jitted program, rl/update.py "Old log-probs from the sampler").
 
-  optim.old_logprobs="sampler" takes effect only where the sampler's per-token log-probs are, up
+  optim.old_logp_source="sampler" takes effect only where the sampler's per-token log-probs are, up
   to fp reassociation, what the update's old-view forward pass would compute (measured and
   tolerated: rl/update.SAMPLER_LOGP_TOL): fp32 sampling and update (model.compute_dtype ==
   rollout.cache_dtype == float32; bf16 has not been measured), temperature > 0 without top-k /
@@ -46,13 +46,13 @@ def old_logprobs_source(c) -> tuple[str, str]:
   whose trained tokens were sampled otherwise (Plugin.sampler_logprobs False: SGE's per-token
   temperatures, HeRL's guided samples at herl.temperature, SPA). Otherwise "recompute". Per
   iteration the trainer further requires that the old view is the sampled one
-  (old_logprobs_from_sampler)."""
-  if c.optim.old_logprobs not in update_lib.OLD_LOGPROBS:
+  (old_logp_from_sampler)."""
+  if c.optim.old_logp_source not in update_lib.OLD_LOGP_SOURCES:
     raise ValueError(
-      f"optim.old_logprobs={c.optim.old_logprobs!r}; valid: {update_lib.OLD_LOGPROBS}"
+      f"optim.old_logp_source={c.optim.old_logp_source!r}; valid: {update_lib.OLD_LOGP_SOURCES}"
     )
-  if c.optim.old_logprobs == "recompute":
-    return "recompute", "optim.old_logprobs=recompute"
+  if c.optim.old_logp_source == "recompute":
+    return "recompute", "optim.old_logp_source=recompute"
   r, m = c.rollout, c.model
   if not (m.compute_dtype == r.cache_dtype == "float32"):
     why = f"compute_dtype={m.compute_dtype} cache_dtype={r.cache_dtype} (measured in float32 only)"
@@ -65,9 +65,9 @@ def old_logprobs_source(c) -> tuple[str, str]:
   return "recompute", why
 
 
-def old_logprobs_from_sampler(mode: str, ratio_variant: str, batch: dict) -> bool:
+def old_logp_from_sampler(mode: str, ratio_variant: str, batch: dict) -> bool:
   """Whether this iteration's batch may use its sampler_logp as old log-probs (the update built
-  with old_logprobs="sampler"): the old view of every turn is the prompt the sampler saw (modes
+  with old_logp_source="sampler"): the old view of every turn is the prompt the sampler saw (modes
   'on', 'on_tips'; 'off' only with ratio_variant 'release', whose old view keeps the tips; the
   paper's off-policy old view is tip-free, a prompt never sampled) and the batch has none of the
   update's optional inputs (rl/update.OPTIONAL_KEYS: tokens sampled at another temperature, or
@@ -116,12 +116,12 @@ def max_update_shape(c, batch_cfg: batch_lib.BatchConfig, update_cfg) -> dict:
   iteration the config allows, the floor of every update from the first, so that a run compiles
   its update once per layout and never later. Rows: whole chats of at most rollout.max_context
   tokens (packed) or prompts of at most optim.max_prompt_len (turn); turns per row: env.max_steps;
-  slots: the mini-batches of rows_per_iter x group_size episodes of max_steps turns; slot rows:
-  every episode of the iteration in one mini-batch, at most minibatch_size. A batch past one of
-  these (a truncated chat split into several rows) grows the floor as "grow" does."""
+  slots: the mini-batches of variations_per_iter x group_size episodes of max_steps turns; slot
+  rows: every episode of the iteration in one mini-batch, at most minibatch_size. A batch past one
+  of these (a truncated chat split into several rows) grows the floor as "grow" does."""
   packed = c.optim.layout == "packed"
   growth = batch_cfg.bucket_growth
-  episodes = c.rollout.rows_per_iter * c.rollout.group_size
+  episodes = c.rollout.variations_per_iter * c.rollout.group_size
   if packed:  # a packed row is one episode's chat
     length = batch_lib.bucket_size(c.rollout.max_context, batch_cfg.prompt_multiple, growth)
   else:  # build_batch: the prompt bucket, capped at max_prompt_len, then the response block

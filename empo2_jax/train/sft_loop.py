@@ -125,7 +125,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
           {
             "format": ckpt_lib.FORMAT_VERSION,
             "iteration": step + 1,
-            "row_cursor": 0,
+            "variation_cursor": 0,
             "loss_first": loss_first,
             "evals": evals,
             "config": json.loads(c.to_json()),

@@ -23,7 +23,7 @@ def collect(trainer, c) -> list:
 
   episodes = []
   for k in range(c.spa.collect_iterations):
-    rows = trainer.rows_for_iteration()
+    rows = trainer.variations_for_iteration()
     specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
     rollout = trainer.actor.rollout(
       trainer.sampling_params(),

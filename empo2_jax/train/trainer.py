@@ -8,7 +8,7 @@ Everything with side effects (env processes, files, the JVMs) lives here and in 
 update, losses and advantages are the pure kernels of empo2_jax.rl. Beside the algorithm:
 evaluation (train/evaluate.py), the run loop, preemption and profiling (train/run_control.py),
 the iteration's metrics (train/view_metrics.py), the old log-probs' source
-(train/old_logprobs.py), checkpoints (train/checkpoint.py), a non-finite update's report
+(train/old_logp_source.py), checkpoints (train/checkpoint.py), a non-finite update's report
 (train/faults.py).
 """
 
@@ -40,7 +40,7 @@ from empo2_jax.train.hoststats import PhasePeaks, release_host_memory
 from empo2_jax.train.faults import NonFiniteError
 from empo2_jax.train.evaluate import Evaluator, eval_metrics
 from empo2_jax.train.metrics import MetricsWriter, is_remote
-from empo2_jax.train.old_logprobs import OldLogprobs
+from empo2_jax.train.old_logp_source import OldLogpSource
 from empo2_jax.train.run_control import StopSignal, run_loop
 from empo2_jax.train.teacher import score_teacher_views
 
@@ -106,8 +106,8 @@ class Trainer:
     self.tokenizer = build.tokenizer(c)
     self.mesh = build.mesh(c)
     self.update_cfg = settings.update_config(c)
-    # The sampler's log-probs as old ones, where they serve (train/old_logprobs.py).
-    self.old_logprobs = OldLogprobs(c, self.update_cfg)
+    # The sampler's log-probs as old ones, where they serve (train/old_logp_source.py).
+    self.old_logp_source = OldLogpSource(c, self.update_cfg)
     self._teacher_logprobs = None  # jitted when a method first asks for teacher views
     self.batch_cfg = settings.batch_config(c, self.tokenizer.pad_token_id)
     self.optimizer = update_lib.make_optimizer(self.update_cfg)
@@ -125,9 +125,9 @@ class Trainer:
     self.pool, env = build.envs(c)
     try:
       task = c.env.task
-      self.train_rows = env.rows(task, "train")
-      self.test_rows = env.rows(task, "test")
-      materials = build.materials(c, env, self.train_rows + self.test_rows)
+      self.train_variations = env.used_variations(task, "train")
+      self.test_variations = env.used_variations(task, "test")
+      materials = build.materials(c, env, self.train_variations + self.test_variations)
       self.memory = Memory(*build.memory(c))
       if c.memory.init_from:  # a memory built by another run (its own checkpoint wins on resume)
         step, store = ckpt_lib.read_memory(c.memory.init_from)
@@ -162,7 +162,7 @@ class Trainer:
     # host-local jax arrays in a multi-host run.
     self.rng = np.asarray(jax.random.PRNGKey(c.seed))
     self.iteration = 0
-    self.row_cursor = 0
+    self.variation_cursor = 0
     self.progress = progress
     self.metrics = MetricsWriter(
       workdir, total=c.train.iterations, progress=progress, desc=c.method
@@ -221,14 +221,14 @@ class Trainer:
       raise faults.write_error(self, f"the metrics up to iteration {self.iteration}", e) from e
     return ckpt_lib.save_trainer(self.checkpointer, self, wait=wait)
 
-  def rows_for_iteration(self) -> list[int]:
-    """rows_per_iter train rows, walking a per-epoch permutation of the training rows."""
-    n, out = len(self.train_rows), []
-    for _ in range(self.config.rollout.rows_per_iter):
-      epoch, pos = divmod(self.row_cursor, n)
+  def variations_for_iteration(self) -> list[int]:
+    """variations_per_iter train rows, walking a per-epoch permutation of the training rows."""
+    n, out = len(self.train_variations), []
+    for _ in range(self.config.rollout.variations_per_iter):
+      epoch, pos = divmod(self.variation_cursor, n)
       perm = np.random.default_rng([self.config.seed, epoch]).permutation(n)
-      out.append(self.train_rows[perm[pos]])
-      self.row_cursor += 1
+      out.append(self.train_variations[perm[pos]])
+      self.variation_cursor += 1
     return out
 
   def rollout_context(self) -> methods.RolloutContext:
@@ -282,7 +282,7 @@ class Trainer:
     k_mode, k_roll = jax.random.split(jax.random.fold_in(self.rng, it))
     mode = self._mode(k_mode)
     t0 = time.perf_counter()
-    rows = self.rows_for_iteration()
+    rows = self.variations_for_iteration()
     with self.phase_peaks.phase("rollout"):
       rollout = self.rollout(rows, mode, k_roll)
     with self.phase_peaks.phase("reflect"):
@@ -428,8 +428,8 @@ class Trainer:
       from empo2_jax.parallel import sharding as shd
 
       batch = shd.shard_batch(batch, self.mesh)
-    from_sampler = self.old_logprobs.from_sampler(mode, batch)
-    self.state, upd = self._update(self.state, batch, *args, old_from_sampler=from_sampler)
+    old_from_sampler = self.old_logp_source.from_sampler(mode, batch)
+    self.state, upd = self._update(self.state, batch, *args, old_from_sampler=old_from_sampler)
     upd = hosts.host_values(upd)  # per_sample is batch-sharded: gathered on several hosts
     per_sample = upd.pop("per_sample")  # per turn sample: train/view_metrics.py
     upd = {(k if k == "optim_steps" else f"loss/{k}"): float(v) for k, v in upd.items()}
@@ -439,7 +439,7 @@ class Trainer:
         f"steps for {layout['num_minibatches']} mini-batches x "
         f"{c.optim.epochs} epochs"
       )
-    self.old_logprobs.check(self.iteration, upd)
+    self.old_logp_source.check(self.iteration, upd)
     return upd, per_sample
 
   def _stop_if_nonfinite(self, mode: str, upd: dict, info: dict, advantages, batch) -> None:
@@ -457,7 +457,7 @@ class Trainer:
     """The test rows' episodes of the current policy (train/evaluate.Evaluator), drawn with the
     iteration's evaluation key."""
     rng = jax.random.fold_in(self.rng, 10_000_000 + self.iteration)
-    return self.evaluator.episodes(self.sampling_params(), rng, self.test_rows, with_memory)
+    return self.evaluator.episodes(self.sampling_params(), rng, self.test_variations, with_memory)
 
   def evaluate(self, with_memory: bool = False) -> dict:
     """The evaluation metrics (train/evaluate.eval_metrics) and their time."""

@@ -181,14 +181,16 @@ def test_limits_penalty_and_truncation():
 
 
 def test_splits_disjoint_and_rows():
-  env = fl.FrozenLakeEnv(fl.FrozenLakeConfig(num_train_rows=5, num_test_rows=20))
+  env = fl.FrozenLakeEnv(fl.FrozenLakeConfig(num_train_variations=5, num_test_variations=20))
   train, test = env.variations("frozenlake", "train"), env.variations("frozenlake", "test")
   dev = env.variations("frozenlake", "dev")
   assert not set(train) & set(test) and not set(train) & set(dev) and not set(dev) & set(test)
-  assert env.rows("frozenlake", "train") == [0, 1, 2, 3, 4]
-  assert env.rows("frozenlake", "test") == list(range(2_000_000, 2_000_020))
-  maps = {tuple(fl.generate_map(seed=s)) for s in env.rows("frozenlake", "train")}
-  assert not maps & {tuple(fl.generate_map(seed=s)) for s in env.rows("frozenlake", "test")}
+  assert env.used_variations("frozenlake", "train") == [0, 1, 2, 3, 4]
+  assert env.used_variations("frozenlake", "test") == list(range(2_000_000, 2_000_020))
+  maps = {tuple(fl.generate_map(seed=s)) for s in env.used_variations("frozenlake", "train")}
+  assert not maps & {
+    tuple(fl.generate_map(seed=s)) for s in env.used_variations("frozenlake", "test")
+  }
   with pytest.raises(ValueError, match="in no split"):
     env.reset("frozenlake", 500_000)
   with pytest.raises(ValueError, match="Valid tasks: frozenlake"):
@@ -197,8 +199,8 @@ def test_splits_disjoint_and_rows():
 
 def test_material_and_prompts():
   suite = registry.get_suite("frozenlake")
-  env = suite.local_env(fl.FrozenLakeConfig(num_train_rows=3))
-  rows = env.rows("frozenlake", "train") + env.rows("frozenlake", "test")[:2]
+  env = suite.local_env(fl.FrozenLakeConfig(num_train_variations=3))
+  rows = env.used_variations("frozenlake", "train") + env.used_variations("frozenlake", "test")[:2]
   mats = suite.materials(env, "frozenlake", rows, 2)
   assert set(mats) == {("frozenlake", v) for v in rows}
   m = mats[("frozenlake", 0)]

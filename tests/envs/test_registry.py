@@ -50,7 +50,7 @@ def test_scienceworld_entry():
   c = sciworld.get_config("cpu")
   cfg = build.env_config(c)
   assert cfg == SciWorldConfig(
-    default_max_steps=4, max_steps_overrides=(), num_train_rows=2, num_test_rows=2
+    default_max_steps=4, max_steps_overrides=(), num_train_variations=2, num_test_variations=2
   )
   factory = suite.worker(cfg)
   assert isinstance(factory, WorkerFactory)

@@ -70,11 +70,11 @@ def test_max_steps_table():
 
 def test_rows_are_first_train_and_test_variations(env, lib_env):
   lib_env.load("find-plant", 0, "easy")
-  assert env.rows("find-plant", "train") == lib_env.get_variations_train()[:5]
-  assert env.rows("find-plant", "test") == lib_env.get_variations_test()[:20]
+  assert env.used_variations("find-plant", "train") == lib_env.get_variations_train()[:5]
+  assert env.used_variations("find-plant", "test") == lib_env.get_variations_test()[:20]
   assert env.variations("find-plant", "dev") == lib_env.get_variations_dev()
   # a task with fewer than 20 test variations uses all of them
-  assert len(env.rows("identify-life-stages-2", "test")) == 4
+  assert len(env.used_variations("identify-life-stages-2", "test")) == 4
 
 
 def test_bad_input_errors_are_clear(env):
@@ -277,9 +277,11 @@ def test_gold_few_shot_from_train_variations_only(env):
   assert len(trajs) == 2
   for traj in trajs:
     assert traj.variation in train and traj.variation not in held_out
-    assert traj.variation not in env.rows("find-animal", "train")  # not a training row either
+    assert traj.variation not in env.used_variations(
+      "find-animal", "train"
+    )  # not a training row either
     assert traj.final_score == 100 and traj.steps
-  test_var = env.rows("find-animal", "test")[0]
+  test_var = env.used_variations("find-animal", "test")[0]
   with pytest.raises(ValueError, match="not a train variation"):
     replay_gold(env, "find-animal", test_var)
 

@@ -159,7 +159,7 @@ def test_gold_plans_solve():
 
 def test_default_limits_and_splits():
   env = sk.SokobanEnv(sk.SokobanConfig())
-  assert env.rows("sokoban", "train") == [0, 1, 2, 3, 4]
+  assert env.used_variations("sokoban", "train") == [0, 1, 2, 3, 4]
   assert not set(env.variations("sokoban", "train")) & set(env.variations("sokoban", "test"))
   env.reset("sokoban", 0)
   r = None

@@ -35,11 +35,13 @@ def test_fixture_catalogue_and_splits(env):
   test, train = env.variations(TASK, "test"), env.variations(TASK, "train")
   assert test == list(range(500)) and train == list(range(500, 1045))
   assert env.variations(TASK, "dev") == []
-  dev = WebShopEnv(WebShopConfig(num_dev=100, num_train_rows=3, num_test_rows=2))
+  dev = WebShopEnv(WebShopConfig(num_dev=100, num_train_variations=3, num_test_variations=2))
   assert dev.variations(TASK, "dev") == list(range(500, 600))
   assert dev.variations(TASK, "train") == list(range(600, 1045))
-  assert dev.rows(TASK, "train") == [600, 601, 602] and dev.rows(TASK, "test") == [0, 1]
-  assert dev.rows(TASK, "dev") == list(range(500, 600))  # 0 rows: the whole split
+  assert dev.used_variations(TASK, "train") == [600, 601, 602] and dev.used_variations(
+    TASK, "test"
+  ) == [0, 1]
+  assert dev.used_variations(TASK, "dev") == list(range(500, 600))  # 0 rows: the whole split
   with pytest.raises(ValueError, match="Valid tasks: webshop"):
     env.variations("shop", "test")
 

@@ -29,7 +29,7 @@ def _command(workdir):
     "--config=" + os.path.join(ROOT, "configs", "sciworld.py") + ":tiny",
     f"--workdir={workdir}",
     f"--config.train.iterations={ITERATIONS}",
-    "--config.rollout.rows_per_iter=1",
+    "--config.rollout.variations_per_iter=1",
     "--config.train.checkpoint_every=2",
     "--config.train.keep_checkpoints=5",
     "--config.train.save_episodes=True",
@@ -163,7 +163,7 @@ def test_killed_and_preempted_run_equals_uninterrupted(tmp_path):
   sa, state_a, mem_a, meta_a = _final(a_dir)
   sb, state_b, mem_b, meta_b = _final(b_dir)
   assert sa == sb == ITERATIONS
-  assert meta_a["row_cursor"] == meta_b["row_cursor"] == ITERATIONS
+  assert meta_a["variation_cursor"] == meta_b["variation_cursor"] == ITERATIONS
   la, lb = jax.tree_util.tree_flatten_with_path(state_a)[0], jax.tree.leaves(state_b)
   assert len(la) == len(lb)
   for (path, x), y in zip(la, lb):

@@ -60,7 +60,7 @@ def _config_args(model: str) -> list[str]:
     f"--config.model.checkpoint={model}",
     "--config.model.random_init=False",
     f"--config.train.iterations={ITERATIONS}",
-    "--config.rollout.rows_per_iter=1",
+    "--config.rollout.variations_per_iter=1",
     "--config.train.checkpoint_every=1",
     "--config.train.save_episodes=True",
     "--config.train.profile_iteration=2",

@@ -58,7 +58,7 @@ def test_herl_one_iteration_injects_guided_episodes(tmp_path):
   try:
     result = trainer.train_iteration()
     m = result.metrics
-    n_groups = c.rollout.rows_per_iter
+    n_groups = c.rollout.variations_per_iter
     failed = sum(not any(e.success for e in result.episodes if e.group_id == g)
                  for g in range(n_groups))  # fmt: skip
     assert m["herl/groups_failed"] == failed

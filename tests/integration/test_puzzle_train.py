@@ -17,14 +17,14 @@ def test_frozenlake_tiny_trains_one_iteration(tmp_path):
   config.empo2.force_mode = "on_tips"  # a memory iteration: tips are written and stored
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
-    assert trainer.train_rows == [0, 1, 2, 3] and trainer.test_rows == [2_000_000]
+    assert trainer.train_variations == [0, 1, 2, 3] and trainer.test_variations == [2_000_000]
     result = trainer.train_iteration()
     m, episodes = result.metrics, result.episodes
     assert m["mode"] == "on_tips" and m["env_failed"] == 0
-    assert len(episodes) == config.rollout.rows_per_iter * config.rollout.group_size
+    assert len(episodes) == config.rollout.variations_per_iter * config.rollout.group_size
     local = fl.FrozenLakeEnv(fl.FrozenLakeConfig(max_turns=config.env.max_steps))
     for e in episodes:
-      assert e.task == "frozenlake" and e.variation in trainer.train_rows
+      assert e.task == "frozenlake" and e.variation in trainer.train_variations
       first = e.messages[0]["content"]
       assert first.startswith("You are solving the FrozenLake puzzle")
       # the first observation is the map of the episode's seed, as the env renders it

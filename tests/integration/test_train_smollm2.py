@@ -28,7 +28,7 @@ def test_smollm2_iteration_acts_writes_tips_and_matches_sampler_logprobs(tmp_pat
     assert max(len(e.tip.split()) for e in eps) > 5, [e.tip for e in eps]
     assert m["memory_size"] > 0
     # fp32: the update's recomputed old log-probs equal the sampler's (same weights, same view):
-    # on-policy, the update takes the sampler's (optim.old_logprobs=sampler) and its first
+    # on-policy, the update takes the sampler's (optim.old_logp_source=sampler) and its first
     # mini-batch's forward pass measures the difference, within rl/update.SAMPLER_LOGP_TOL.
     from empo2_jax.rl.update import SAMPLER_LOGP_TOL
 

@@ -26,7 +26,7 @@ def test_configs_and_their_checks():
     cfg = suite.env_config(c)
     assert cfg.observation == "agent" and cfg.max_steps == c.env.max_steps
   c = webshop.get_config()
-  assert (c.env.max_steps, c.env.num_test, c.env.num_test_rows) == (15, 500, 128)
+  assert (c.env.max_steps, c.env.num_test, c.env.num_test_variations) == (15, 500, 128)
   assert c.env.goals == "synthetic" and c.env.data_dir == ""
   with pytest.raises(ValueError, match="valid: cpu, tiny, human"):
     webshop.get_config("gpu")
@@ -51,12 +51,12 @@ def test_webshop_tiny_trains_one_iteration(tmp_path):
   trainer = Trainer(config, str(tmp_path), progress=False)
   try:
     local = WebShopEnv(WebShopConfig(observation="agent"))
-    assert trainer.train_rows == local.variations("webshop", "train")
-    assert trainer.test_rows == [0]
+    assert trainer.train_variations == local.variations("webshop", "train")
+    assert trainer.test_variations == [0]
     result = trainer.train_iteration()
     m, episodes = result.metrics, result.episodes
     assert m["mode"] == "on_tips" and m["env_failed"] == 0
-    assert len(episodes) == config.rollout.rows_per_iter * config.rollout.group_size
+    assert len(episodes) == config.rollout.variations_per_iter * config.rollout.group_size
     for e in episodes:
       goal = local.catalog.goals[e.variation]
       first = e.messages[0]["content"]

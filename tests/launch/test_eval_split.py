@@ -19,7 +19,7 @@ def test_eval_on_train_variations_records_the_split_and_the_variations(tmp_path)
       "--config=configs/sciworld.py:tiny",
       "--method=naive",
       "--split=train",
-      "--config.env.num_train_rows=2",
+      "--config.env.num_train_variations=2",
       f"--workdir={tmp_path}",
     ],
     capture_output=True,

@@ -118,9 +118,9 @@ def test_a_method_from_a_user_file_trains_and_evaluates(tmp_path):
   )
   assert out.returncode == 0, out.stderr[-3000:]
   rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines() if x.strip()]
-  train_rows = [r for r in rows if "ext_bonus/turns" in r]
-  assert train_rows and train_rows[-1]["ext_bonus/turns"] > 0
-  assert train_rows[-1]["intrinsic_mean"] == pytest.approx(2.0)
+  train_variations = [r for r in rows if "ext_bonus/turns" in r]
+  assert train_variations and train_variations[-1]["ext_bonus/turns"] > 0
+  assert train_variations[-1]["intrinsic_mean"] == pytest.approx(2.0)
 
   out = _launch("eval.py", *common, "--method=ext_bonus", "--memory=without")
   assert out.returncode == 0, out.stderr[-3000:]

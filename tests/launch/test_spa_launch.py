@@ -54,7 +54,7 @@ def test_stage_a_episodes_hold_the_true_states(tmp_path):
     episodes = spa_run.collect(trainer, c)
   finally:
     trainer.close()
-  assert len(episodes) == c.rollout.rows_per_iter * c.rollout.group_size
+  assert len(episodes) == c.rollout.variations_per_iter * c.rollout.group_size
   env = _local_env(c)
   for e in episodes:
     assert e.messages[0]["content"].startswith(spa.WM_INSTRUCTION)
@@ -72,7 +72,7 @@ def _gold_chats(c, n):
 
   env = _local_env(c)
   chats = []
-  for v in env.rows(c.env.task, "train")[:n]:
+  for v in env.used_variations(c.env.task, "train")[:n]:
     obs, info = env.reset(c.env.task, v)
     msgs, states, actions = [], [info.state], []
     for action in env.gold_actions(c.env.task, v)[: c.env.max_steps]:

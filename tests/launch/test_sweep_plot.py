@@ -147,7 +147,7 @@ def test_real_tiny2_sweep_then_plot(tmp_path):
   root, out = tmp_path / "tiny2", tmp_path / "plots"
   cheap = [
     "--config.env.max_steps=1",
-    "--config.rollout.rows_per_iter=1",
+    "--config.rollout.variations_per_iter=1",
     "--config.rollout.group_size=2",
     "--config.train.checkpoint_every=0",
     "--no_progress",

@@ -173,8 +173,8 @@ def test_scienceworld_reports_goal_progress_at_the_end():
   cut-off one lists unmet goals for the hindsight block."""
   from empo2_jax.envs.scienceworld.env import SciWorldConfig, SciWorldEnv
 
-  env = SciWorldEnv(SciWorldConfig(num_train_rows=2, num_test_rows=2, default_max_steps=2,
-                                   max_steps_overrides=()))  # fmt: skip
+  env = SciWorldEnv(SciWorldConfig(num_train_variations=2, num_test_variations=2,
+                                   default_max_steps=2, max_steps_overrides=()))  # fmt: skip
   try:
     env.reset("find-animal", 0)
     first = env.step("look around")

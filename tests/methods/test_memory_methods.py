@@ -16,7 +16,9 @@ def _run(tmp_path, name, iterations=2):
   methods.apply(c, name)
   c.empo2.force_mode = "off"
   c.memory.threshold = -1.0  # every stored tip is similar enough: iteration 2 retrieves some
-  c.env.num_train_rows = c.rollout.rows_per_iter  # iteration 2 revisits iteration 1's slots
+  c.env.num_train_variations = (
+    c.rollout.variations_per_iter
+  )  # iteration 2 revisits iteration 1's slots
   c.train.iterations = iterations
   return Trainer(c, str(tmp_path), progress=False).run()
 

@@ -1,4 +1,4 @@
-"""Old log-probs from the sampler (optim.old_logprobs="sampler", rl/update.py): where they apply,
+"""Old log-probs from the sampler (optim.old_logp_source="sampler", rl/update.py): where they apply,
 how close they are to the recomputed ones on the real model, and that the update is unchanged.
 
 Measured here (test_sampler_logprobs_match_recompute_on_smollm2): SmolLM2-135M-Instruct, fp32,
@@ -37,20 +37,20 @@ MODEL = TINY
 
 
 def test_trainer_keeps_the_sampler_within_the_tolerance_and_falls_back_past_it():
-  """The trainer's check after an update (train/old_logprobs.OldLogprobs.check): a first
+  """The trainer's check after an update (train/old_logp_source.OldLogpSource.check): a first
   mini-batch whose sampler log-probs differ from the recomputed ones by 10x the measured
   difference keeps the sampler; past SAMPLER_LOGP_TOL (or NaN) the run falls back to
   recomputing; an update that recomputed anyway (old_from_sampler 0) never triggers it."""
   from configs import sciworld
 
   from empo2_jax.train import settings
-  from empo2_jax.train.old_logprobs import OldLogprobs
+  from empo2_jax.train.old_logp_source import OldLogpSource
 
   c = sciworld.get_config("tiny")
-  c.optim.old_logprobs = "sampler"
+  c.optim.old_logp_source = "sampler"
 
   def fallback(old_from_sampler, maxdiff):
-    source = OldLogprobs(c, settings.update_config(c))
+    source = OldLogpSource(c, settings.update_config(c))
     upd = {"loss/old_from_sampler": old_from_sampler, "loss/sampler_vs_old_logp_maxdiff": maxdiff}
     source.check(0, upd)
     return source.fallback
@@ -172,7 +172,7 @@ def test_update_with_sampler_logprobs_equals_recompute():
   opt = optax.sgd(0.05)  # Adam would amplify the tiny differences of near-zero gradients
   base = dict(minibatch_size=4, micro_rows=2, vocab_chunk=100, loss=loss_config(low_prob_delta=-30))
   rec_cfg = update_config(**base)
-  smp_cfg = update_config(**base, old_logprobs="sampler")
+  smp_cfg = update_config(**base, old_logp_source="sampler")
   start = lambda: init_train_state(jax.tree.map(jnp.copy, params), opt)  # noqa: E731
 
   s_rec, m_rec = make_update_fn(MODEL, rec_cfg, opt, donate=False)(start(), batch)
@@ -211,7 +211,7 @@ def test_packed_batch_and_turn_batch_agree_in_sampler_mode():
   """as_packed: the turn layout's sampler_logp become [B, 1, R] and are used as they are."""
   params = llama.init_params(MODEL, jax.random.PRNGKey(1))
   batch = _on_policy_batch(params, seed=1)
-  cfg = update_config(minibatch_size=8, micro_rows=2, old_logprobs="sampler")
+  cfg = update_config(minibatch_size=8, micro_rows=2, old_logp_source="sampler")
   opt = optax.sgd(0.05)
   fn = make_update_fn(MODEL, cfg, opt, donate=False)
   a, ma = fn(init_train_state(params, opt), jax.tree.map(jnp.asarray, batch))
@@ -232,11 +232,11 @@ def _cpu_config(**over):
 
 def test_settings_pick_the_sampler_only_where_valid():
   """Static: fp32 sampling and update, temperature > 0, no top-k/top-p, no SGE/HeRL/SPA."""
-  assert _cpu_config().optim.old_logprobs == "sampler"  # the default
-  assert settings.old_logprobs_source(_cpu_config())[0] == "sampler"
-  assert settings.update_config(_cpu_config()).old_logprobs == "sampler"
+  assert _cpu_config().optim.old_logp_source == "sampler"  # the default
+  assert settings.old_logp_source(_cpu_config())[0] == "sampler"
+  assert settings.update_config(_cpu_config()).old_logp_source == "sampler"
   for over in (
-    {"optim.old_logprobs": "recompute"},
+    {"optim.old_logp_source": "recompute"},
     {"model.compute_dtype": "bfloat16"},
     {"rollout.cache_dtype": "bfloat16"},
     {"rollout.top_p": 0.9},
@@ -247,19 +247,35 @@ def test_settings_pick_the_sampler_only_where_valid():
     {"spa.enabled": True},
   ):
     c = _cpu_config(**over)
-    assert settings.old_logprobs_source(c)[0] == "recompute", over
-    assert settings.update_config(c).old_logprobs == "recompute", over
+    assert settings.old_logp_source(c)[0] == "recompute", over
+    assert settings.update_config(c).old_logp_source == "recompute", over
   with pytest.raises(ValueError):
-    settings.old_logprobs_source(_cpu_config(**{"optim.old_logprobs": "cache"}))
+    settings.old_logp_source(_cpu_config(**{"optim.old_logp_source": "cache"}))
 
 
 def test_per_iteration_choice_keeps_recompute_off_policy_and_for_sge():
   """Dynamic: the paper's off-policy old view is tip-free (never sampled): recompute; the
   release variant's off-policy old view keeps the tips (sampled): sampler. Per-token
   temperatures or policy-shaping constants in the batch (rl/update.OPTIONAL_KEYS): recompute."""
-  ok = settings.old_logprobs_from_sampler
+  ok = settings.old_logp_from_sampler
   assert ok("on", "paper", {}) and ok("on_tips", "paper", {}) and ok("on_tips", "release", {})
   assert not ok("off", "paper", {})
   assert ok("off", "release", {})
   assert not ok("on", "paper", {"token_temperature": np.zeros((1, 1, 4))})
   assert not ok("on_tips", "paper", {"shaping_gamma": np.zeros((1, 1))})
+
+
+def test_the_renamed_key_is_refused_with_its_new_name():
+  """optim.old_logprobs became optim.old_logp_source (config_keys.RENAMED): a command-line
+  override and a config that still sets the old key both name the new one."""
+  from empo2_jax import preflight
+  from empo2_jax.errors import UserError
+  from empo2_jax.train.build import ConfigError, check_config
+
+  with pytest.raises(UserError, match="renamed config key.*use --config.optim.old_logp_source"):
+    preflight.check_overrides(["--config.optim.old_logprobs=recompute"], _cpu_config())
+  preflight.check_overrides(["--config.optim.old_logp_source=recompute"], _cpu_config())
+  with pytest.raises(
+    ConfigError, match="optim.old_logprobs was renamed: set optim.old_logp_source"
+  ):
+    check_config(_cpu_config(**{"optim.old_logprobs": "recompute"}))

@@ -216,8 +216,8 @@ def test_a_turn_whose_history_was_retokenised_differently_gets_its_own_row(tok):
 
 @pytest.mark.parametrize("layout", ["packed", "turn"])
 def test_max_update_shape_bounds_every_batch_of_the_config(tok, layout):
-  """update_shapes="max": no batch the config allows (rows_per_iter x group_size episodes of 1 to
-  max_steps turns, any mode) is larger than settings.max_update_shape, and with it as the floor
+  """update_shapes="max": no batch the config allows (variations_per_iter x group_size episodes of 1
+  to max_steps turns, any mode) is larger than settings.max_update_shape, and with it as the floor
   every iteration's update has exactly that shape: one update program for the run."""
   from configs import sciworld
   from empo2_jax.train import settings
@@ -225,7 +225,7 @@ def test_max_update_shape_bounds_every_batch_of_the_config(tok, layout):
 
   c = sciworld.get_config("tiny")
   with c.unlocked():
-    c.rollout.rows_per_iter, c.rollout.group_size, c.env.max_steps = 2, 3, 5
+    c.rollout.variations_per_iter, c.rollout.group_size, c.env.max_steps = 2, 3, 5
     c.rollout.max_context, c.optim.max_prompt_len = 1024, 1024 - c.rollout.max_new_tokens
     c.optim.minibatch_size, c.optim.micro_rows, c.optim.layout = 4, 2, layout
   bcfg = settings.batch_config(c, tok.pad_token_id)

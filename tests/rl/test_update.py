@@ -274,7 +274,7 @@ def slots(params, batch, cfg=STEP_CFG, model=MODEL):
 
 def test_chunks_and_old_logprobs_of_the_pieces():
   """chunk_batch's strided layout, no_grad_logprobs == the full-logits reference (zeros on a chunk
-  left out), and old_logprobs taking the sampler's or recomputing by the dynamic flag."""
+  left out), and old_logp_source taking the sampler's or recomputing by the dynamic flag."""
   params = llama.init_params(MODEL, jax.random.PRNGKey(0))
   batch = make_batch(0)
   ch, keep, old, data, has = slots(params, batch)
@@ -297,7 +297,7 @@ def test_chunks_and_old_logprobs_of_the_pieces():
   np.testing.assert_array_equal(part[1], 0.0)
   np.testing.assert_allclose(part[0], old[0], atol=1e-6)
   sampler = jnp.where(m, batch["sampler_logp"], 0.0)[:, None]
-  smp_cfg = dataclasses.replace(STEP_CFG, old_logprobs="sampler")
+  smp_cfg = dataclasses.replace(STEP_CFG, old_logp_source="sampler")
   for flag in (None, True, False):
     smp = ug.UpdateSetup(MODEL, smp_cfg)
     got, use = steps.old_view_logprobs(params, ch, sampler, keep, flag, setup=smp)
@@ -356,7 +356,7 @@ def test_micro_batch_gradients_add_up_to_the_minibatch_step(fuse):
 def test_epochs_step_only_the_slots_with_samples_and_metrics_average_them():
   """run_epochs: epochs x (slots with samples) optimizer steps, the first step's _diff_ sums kept
   apart; finish_metrics averages over those steps (ratio_max: the max) and picks the
-  sampler-vs-old figures by use_sampler."""
+  sampler-vs-old figures by old_from_sampler."""
   params = llama.init_params(MODEL, jax.random.PRNGKey(2))
   _, _, _, data, _ = slots(params, make_batch(2))
   cfg = dataclasses.replace(STEP_CFG, epochs=2)

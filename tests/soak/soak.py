@@ -49,7 +49,7 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TAG_VAR = "EMPO2_SOAK_TAG"
 NUM_WORKERS = 2  # env.workers (the tiny config's)
-ROWS, GROUP = 2, 2  # rollout.rows_per_iter x rollout.group_size = episodes per iteration
+ROWS, GROUP = 2, 2  # rollout.variations_per_iter x rollout.group_size = episodes per iteration
 EPISODES = ROWS * GROUP
 
 
@@ -301,7 +301,7 @@ def command(args, workdir: str) -> list[str]:
     "--config.train.keep_checkpoints=2",
     f"--config.env.max_retries={args.max_retries}",
     f"--config.env.workers={NUM_WORKERS}",
-    f"--config.rollout.rows_per_iter={ROWS}",
+    f"--config.rollout.variations_per_iter={ROWS}",
     f"--config.rollout.group_size={GROUP}",
     f"--config.optim.update_shapes={args.update_shapes}",
     "--no_progress",

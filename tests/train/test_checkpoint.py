@@ -34,7 +34,7 @@ class FakeTrainer:
     self.state = update_lib.init_train_state(params, opt)
     self.state = self.state._replace(step=jnp.asarray(seed, jnp.int32))
     self.rng = jax.random.PRNGKey(seed)
-    self.iteration, self.row_cursor = 0, 0
+    self.iteration, self.variation_cursor = 0, 0
     self.update_floor = {"len": 128 * seed, "turns": seed, "slots": 1, "slot_rows": 0}
     self.workdir, self.config = str(workdir), sciworld.get_config("tiny")
     store = MemoryStore(dim=8, max_per_slot=3)
@@ -60,7 +60,7 @@ def _save_steps(tmp_path, seeds):
   saved = {}
   for step, seed in enumerate(seeds, start=1):
     t = FakeTrainer(tmp_path, seed)
-    t.iteration, t.row_cursor = step, 10 * step
+    t.iteration, t.variation_cursor = step, 10 * step
     _write_metrics(tmp_path, step)
     ckpt_lib.save_trainer(ckpt, t)
     saved[step] = t
@@ -80,7 +80,7 @@ def test_restore_latest_state_memory_and_metrics(tmp_path):
   _equal(t.state, want.state)
   _equal(t.rng, want.rng)
   assert type(t.state) is type(want.state)
-  assert (t.iteration, t.row_cursor) == (3, 30)
+  assert (t.iteration, t.variation_cursor) == (3, 30)
   assert t.update_floor == want.update_floor  # a resumed run keeps its update shape
   assert (
     ckpt_lib.memory_to_blob(t.memory.store).tobytes()
@@ -92,6 +92,19 @@ def test_restore_latest_state_memory_and_metrics(tmp_path):
   )
   assert hits and hits[0].cosine > 0.99
   assert [r["iteration"] for r in ckpt_lib.read_records(tmp_path)] == [1, 2, 3]
+  ckpt.close()
+
+
+def test_a_checkpoint_with_the_cursor_under_its_older_name_restores(tmp_path):
+  """Checkpoints written before the cursor was renamed hold "row_cursor" in their meta."""
+  _save_steps(tmp_path, seeds=[2])
+  (path,) = [p for p in (tmp_path / "checkpoints" / "1").rglob("*") if p.is_file()
+             and b'"variation_cursor"' in p.read_bytes()]  # fmt: skip
+  path.write_bytes(path.read_bytes().replace(b'"variation_cursor"', b'"row_cursor"'))
+  t = FakeTrainer(tmp_path, seed=1)
+  ckpt = ckpt_lib.Checkpointer(tmp_path / "checkpoints", keep=5)
+  assert ckpt_lib.restore_trainer(ckpt, t) == 1
+  assert (t.iteration, t.variation_cursor) == (1, 10)
   ckpt.close()
 
 

@@ -25,7 +25,7 @@ def test_summary_and_tables():
     evaluate.summarize("x", "y", [], [])
 
 
-def _evaluator(repeats, eval_batch, rows_per_iter=2, group_size=2):
+def _evaluator(repeats, eval_batch, variations_per_iter=2, group_size=2):
   """An Evaluator whose actor records each rollout call."""
   import types
 
@@ -37,7 +37,7 @@ def _evaluator(repeats, eval_batch, rows_per_iter=2, group_size=2):
 
   c = sciworld.get_config("tiny")
   c.train.eval_repeats, c.train.eval_batch = repeats, eval_batch
-  c.rollout.rows_per_iter, c.rollout.group_size = rows_per_iter, group_size
+  c.rollout.variations_per_iter, c.rollout.group_size = variations_per_iter, group_size
   calls = []
 
   def rollout(params, model_config, specs, *, rng, notes, **kw):

@@ -46,7 +46,7 @@ def _trained_checkpoint(workdir, sub="checkpoints"):
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     state = TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, sub), async_save=False)
-  meta = {"format": 1, "iteration": 2, "row_cursor": 0, "config": json.loads(c.to_json())}
+  meta = {"format": 1, "iteration": 2, "variation_cursor": 0, "config": json.loads(c.to_json())}
   blob = ckpt_lib.memory_to_blob(MemoryStore())
   ckpt.save(2, {"train": state, "rng": np.asarray(jax.random.PRNGKey(0))}, blob, meta, wait=True)
   ckpt.close()

@@ -313,7 +313,7 @@ def test_nonfinite_update_stops_with_last_good_checkpoint(tmp_path):
   config = sciworld.get_config("tiny")
   config.train.iterations = 3
   config.train.checkpoint_every = 1
-  config.rollout.rows_per_iter = 1
+  config.rollout.variations_per_iter = 1
   trainer = Trainer(config, str(tmp_path), progress=False)
   update, calls = trainer._update, []
   built, build = [], trainer.batch  # (batch, stats, layout) of each iteration, as the update saw it
@@ -374,7 +374,7 @@ def test_disk_full_during_save_stops_and_rerun_resumes(tmp_path):
     "--config.train.iterations=3",
     "--config.train.checkpoint_every=1",
     "--config.train.keep_checkpoints=1",
-    "--config.rollout.rows_per_iter=1",
+    "--config.rollout.variations_per_iter=1",
   ]
   env = _env(
     JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),

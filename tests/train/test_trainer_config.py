@@ -38,7 +38,7 @@ def test_mode_boundaries_follow_spec():
 def test_default_config_is_the_paper_setup():
   c = sciworld.get_config()
   assert c.model.preset == "7b" and c.optim.lr == 1e-6
-  assert (c.rollout.rows_per_iter, c.rollout.group_size) == (16, 8)
+  assert (c.rollout.variations_per_iter, c.rollout.group_size) == (16, 8)
   assert (c.loss.eps_low, c.loss.eps_high, c.loss.dual_clip) == (0.2, 0.3, 10.0)
   assert c.loss.low_prob_delta == -5.0 and c.memory.threshold == 0.5 and c.memory.top_k == 10
   assert c.train.eval_temperature == 0.4 and c.train.eval_every == 20
@@ -59,7 +59,7 @@ def test_learn_wide_changes_only_what_it_says():
   variations, lr 5e-6, grown update shapes and no in-run evaluation; `wide` alone is refused."""
   base, wide = sciworld.get_config("learn"), sciworld.get_config("learn,wide")
   changed = {
-    ("env", "num_train_rows"): (10, 100),
+    ("env", "num_train_variations"): (10, 100),
     ("optim", "lr"): (1e-5, 5e-6),
     ("optim", "update_shapes"): ("fit", "grow"),
     ("train", "iterations"): (12, 16),
@@ -142,7 +142,7 @@ def test_default_precision_and_minibatches():
     ("optim.micro_rows", 0, "micro_rows"),
     ("optim.max_prompt_len", 8000, "max_context"),
     ("env.workers", -1, "one per CPU"),
-    ("train.eval_batch", -1, "rows_per_iter x group_size"),
+    ("train.eval_batch", -1, "variations_per_iter x group_size"),
     ("optim.update_shapes", "largest", "valid: grow"),
   ],
 )

@@ -118,9 +118,9 @@ class SciWorldConfig:
     ("boil", 100),
     ("grow-fruit", 60),
   )
-  num_train_rows: int = 5  # first train variations used as training rows
-  num_dev_rows: int = 20
-  num_test_rows: int = 20  # first test variations used for evaluation
+  num_train_variations: int = 5  # first train variations used as training rows
+  num_dev_variations: int = 20
+  num_test_variations: int = 20  # first test variations used for evaluation
   success_score: int = 70  # success = done and score > success_score
   fallback_action: str = actions.DEFAULT_FALLBACK_ACTION
   action_correction: str = "always"  # or "on_reject" (ours): see the module docstring
@@ -139,11 +139,13 @@ class SciWorldConfig:
     check_task(task, ALL_TASKS)
     return dict(self.max_steps_overrides).get(task, self.default_max_steps)
 
-  def num_rows(self, split: Split) -> int:
+  def num_variations(self, split: Split) -> int:
     check_split(split)
-    return {"train": self.num_train_rows, "dev": self.num_dev_rows, "test": self.num_test_rows}[
-      split
-    ]
+    return {
+      "train": self.num_train_variations,
+      "dev": self.num_dev_variations,
+      "test": self.num_test_variations,
+    }[split]
 
 
 class SciWorldEnv:
@@ -187,10 +189,10 @@ class SciWorldEnv:
       self._split_cache[(task, "test")] = [int(v) for v in scratch.getVariationsTest()]
     return list(self._split_cache[key])
 
-  def rows(self, task: str, split: Split) -> list[int]:
-    """The variations used for `split`: the first `config.num_rows(split)` of it (docs/method.md
-    §7)."""
-    return self.variations(task, split)[: self.config.num_rows(split)]
+  def used_variations(self, task: str, split: Split) -> list[int]:
+    """The variations used for `split`: the first `config.num_variations(split)` of it
+    (docs/method.md §7)."""
+    return self.variations(task, split)[: self.config.num_variations(split)]
 
   def gold_actions(self, task: str, variation: int) -> list[str]:
     """The library's gold action sequence for (task, variation); leaves the episode untouched."""

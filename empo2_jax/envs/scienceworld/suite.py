@@ -55,8 +55,8 @@ def env_config(c) -> SciWorldConfig:
   """The SciWorldConfig of config.env (the agent's step limit included)."""
   kw = dict(
     simplification=c.env.simplification,
-    num_train_rows=c.env.num_train_rows,
-    num_test_rows=c.env.num_test_rows,
+    num_train_variations=c.env.num_train_variations,
+    num_test_variations=c.env.num_test_variations,
     java_tool_options=c.env.java_tool_options,
     action_correction=c.env.action_correction,
   )

@@ -64,9 +64,9 @@ class WebShopConfig:
   num_products: int | None = None  # only the first N product records, like the original's option
   num_test: int = 500  # test = goals [0, num_test) after the seed-233 shuffle
   num_dev: int = 0  # dev = the next num_dev goals; train = the rest
-  num_train_rows: int = 0  # rows(): the first N goals of each split; 0 = all of them
-  num_dev_rows: int = 0
-  num_test_rows: int = 0
+  num_train_variations: int = 0  # rows(): the first N goals of each split; 0 = all of them
+  num_dev_variations: int = 0
+  num_test_variations: int = 0
   max_steps: int = 15
   reward_mode: str = "score"
   show_attrs: bool = False  # the original's hidden Attributes sub-page
@@ -84,15 +84,23 @@ class WebShopConfig:
       raise ValueError(f"observation={self.observation!r}; valid: {', '.join(OBSERVATIONS)}")
     if self.max_steps < 1:
       raise ValueError(f"max_steps={self.max_steps} must be >= 1")
-    for name in ("num_test", "num_dev", "num_train_rows", "num_dev_rows", "num_test_rows"):
+    for name in (
+      "num_test",
+      "num_dev",
+      "num_train_variations",
+      "num_dev_variations",
+      "num_test_variations",
+    ):
       if getattr(self, name) < 0:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
 
-  def num_rows(self, split: str) -> int:
+  def num_variations(self, split: str) -> int:
     check_split(split)
-    return {"train": self.num_train_rows, "dev": self.num_dev_rows, "test": self.num_test_rows}[
-      split
-    ]
+    return {
+      "train": self.num_train_variations,
+      "dev": self.num_dev_variations,
+      "test": self.num_test_variations,
+    }[split]
 
   @property
   def resolved_data_dir(self) -> str:
@@ -166,10 +174,10 @@ class WebShopEnv:
     check_split(split)
     return self.catalog.split_indices(split, self.config.num_test, self.config.num_dev)
 
-  def rows(self, task: str, split: str) -> list[int]:
-    """The goals used for `split`: its first `num_<split>_rows` (all of them for 0)."""
+  def used_variations(self, task: str, split: str) -> list[int]:
+    """The goals used for `split`: its first `num_<split>_variations` (all of them for 0)."""
     goals = self.variations(task, split)
-    n = self.config.num_rows(split)
+    n = self.config.num_variations(split)
     return goals[:n] if n else goals
 
   @property

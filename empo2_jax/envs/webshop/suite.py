@@ -2,10 +2,10 @@
 env, prompt material and prompts.
 
 config.env fields (configs/webshop.py sets them): data_dir ("" = the bundled fixture), goals
-("synthetic" | "human"), price_seed, num_products (0 = all), num_test, num_dev, num_train_rows /
-num_test_rows (0 = the whole split), max_steps (15), reward_mode ("score" | "verl" | "raw"),
-search_backend ("lucene" | "bm25s"), show_attrs. The pool's envs show the agent's view of each
-page (observation "agent", prompts.py).
+("synthetic" | "human"), price_seed, num_products (0 = all), num_test, num_dev,
+num_train_variations / num_test_variations (0 = the whole split), max_steps (15), reward_mode
+("score" | "verl" | "raw"), search_backend ("lucene" | "bm25s"), show_attrs. The pool's envs
+show the agent's view of each page (observation "agent", prompts.py).
 
 A worker process loads the catalogue and builds the search index once, and loads spaCy when it
 starts (so the first purchase is not slow); with the full 1.18M-product catalogue each worker holds
@@ -28,8 +28,8 @@ FIELDS = (
   "price_seed",
   "num_test",
   "num_dev",
-  "num_train_rows",
-  "num_test_rows",
+  "num_train_variations",
+  "num_test_variations",
   "reward_mode",
   "search_backend",
   "show_attrs",

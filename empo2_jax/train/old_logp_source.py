@@ -1,4 +1,4 @@
-"""Where a run's old log-probs come from (optim.old_logprobs; docs/method.md §4): the sampler's
+"""Where a run's old log-probs come from (optim.old_logp_source; docs/method.md §4): the sampler's
 own log-probs of the sampled tokens, or a recompute by the update. The sampler's serve only where
 train/settings.py says they are the update's old log-probs (same policy, same view, same
 temperature), and only while they agree with the recomputed ones: the first update whose check
@@ -18,18 +18,18 @@ from empo2_jax.train import settings
 log = logging.getLogger("empo2_jax")
 
 
-class OldLogprobs:
+class OldLogpSource:
   def __init__(self, c, update_cfg):
     self.config, self.update_cfg = c, update_cfg
     self.fallback = False  # set by `check`: recompute from now on
-    source, why = settings.old_logprobs_source(c)
-    if c.optim.old_logprobs == "sampler" and source != "sampler":
-      log.info("optim.old_logprobs=sampler not applicable (%s): recomputing old log-probs", why)
+    source, why = settings.old_logp_source(c)
+    if c.optim.old_logp_source == "sampler" and source != "sampler":
+      log.info("optim.old_logp_source=sampler not applicable (%s): recomputing old log-probs", why)
 
   def from_sampler(self, mode: str, batch: dict) -> np.bool_:
     """The update's old_from_sampler flag for an iteration of `mode` on `batch`."""
-    ok = self.update_cfg.old_logprobs == "sampler" and not self.fallback
-    ok = ok and settings.old_logprobs_from_sampler(mode, self.config.empo2.ratio_variant, batch)
+    ok = self.update_cfg.old_logp_source == "sampler" and not self.fallback
+    ok = ok and settings.old_logp_from_sampler(mode, self.config.empo2.ratio_variant, batch)
     return np.bool_(ok)
 
   def check(self, it: int, upd: dict) -> None:
