@@ -91,7 +91,7 @@ def table1_commands(
   shell variable $QWEN; for the CPU version: one env worker)."""
   import os
 
-  from empo2_jax import methods
+  from empo2_jax import cli, methods
 
   tasks = tuple(tasks or (TABLE1_CPU_TASKS if cpu else _paper_tasks()))
   if extra is None:  # CPU: one env worker (one JVM), to fit beside other jobs on a shared machine
@@ -102,7 +102,7 @@ def table1_commands(
     for m in TABLE1_METHODS:
       work = os.path.join(root, task, m)
       episodes = os.path.join(root, task, "grpo")  # Retrospex's critic learns from these
-      for line in methods.get(m).command_lines(spec, work, python, True, episodes):
+      for line in cli.command_lines(methods.get(m), spec, work, python, True, episodes):
         args = [extra] if extra else []
         if "launch/train.py" in line:
           args.append("--no_progress")

@@ -17,6 +17,10 @@ EMPO2_DEBUG=1 in the environment) the exception is raised instead, with its trac
 exception is a bug and keeps its traceback. A script's own `sys.exit("error: ...")` is left as it
 is (exit status 1: faults of a running job, such as a failed save).
 
+The command lines that run a method (`command_lines`, `not_training_message`) and the config keys
+a command line sets (`explicit_keys`, which `methods.apply` keeps) are here too, beside the
+scripts that print and read them.
+
 `--import=MODULE_OR_FILE` (repeatable) on a script that builds a config imports a module
 (`my_pkg.my_method`) or a Python file (`path/to/my_method.py`) before the config is built, so a
 method, estimator or environment it registers is known to the config, the checks and the
@@ -26,8 +30,9 @@ trainer: `import_modules` below, called by `run` (and by the argparse scripts' `
 from __future__ import annotations
 
 import os
+import shlex
 import sys
-from typing import Callable, Iterable, NoReturn, Optional
+from typing import Callable, Iterable, NoReturn, Optional, Sequence
 
 from empo2_jax.errors import UserError
 
@@ -244,3 +249,58 @@ __all__ = [
   "import_values",
   "IMPORT_HELP",
 ]
+
+
+# -- the command lines of a method -----------------------------------------------------------------
+# The standard launch command of a method registered without its own (methods/base.Method.commands)
+TRAIN_COMMAND = (
+  "{python} launch/train.py --config={config} --config.method={name} --workdir={workdir}"
+)
+EVAL_COMMAND = "{python} launch/eval.py --config={config} --method={name} --workdir={workdir}"
+
+
+def command_lines(
+  method,
+  config: str,
+  workdir: str,
+  python: str = "python",
+  evaluate: bool = False,
+  episodes: str = "RUN_WITH_SAVED_EPISODES",
+) -> list[str]:
+  """The shell commands that run `method` (a methods.Method) with config spec `config` into
+  `workdir`: its own templates, else TRAIN_COMMAND (a training method) or EVAL_COMMAND.
+  evaluate=True adds the evaluation of a training method's run (launch/eval.py, which writes the
+  eval/result.json that launch/table.py reads; the other methods write it themselves). `episodes`
+  fills {episodes} (Retrospex: runs trained with train.save_episodes=True)."""
+  fields = dict(
+    python=python,
+    config=shlex.quote(config),
+    workdir=shlex.quote(workdir),
+    name=method.name,
+    episodes=shlex.quote(episodes),
+  )
+  lines = list(method.commands) or [TRAIN_COMMAND if method.trains else EVAL_COMMAND]
+  lines += [EVAL_COMMAND] if evaluate and method.trains else []
+  return [c.format(**fields) for c in lines]
+
+
+def not_training_message(name: str, config: str = "CONFIG", workdir: str = "WORKDIR") -> str:
+  """What launch/train.py says of a method that does not train: the commands that run it."""
+  from empo2_jax import methods
+
+  m = methods.get(name)
+  return (
+    f"method {name!r} ({m.description}) does not train with launch/train.py; run it with:\n  "
+    + "\n  ".join(command_lines(m, config, workdir))
+  )
+
+
+def explicit_keys(argv: Sequence[str]) -> set[str]:
+  """The dotted config paths set on a command line (--config.a.b=v, --config.a.b v,
+  --noconfig.a.b): methods.apply keeps their values over a method's overrides."""
+  out = set()
+  for arg in argv:
+    for prefix in ("--config.", "--noconfig."):
+      if arg.startswith(prefix):
+        out.add(arg[len(prefix) :].split("=", 1)[0])
+  return out

@@ -116,7 +116,7 @@ def main(argv):
   from empo2_jax.train.build import ConfigError
 
   config = _CONFIG.value
-  methods.apply(config, keep=methods.explicit_keys(sys.argv[1:]))
+  methods.apply(config, keep=cli.explicit_keys(sys.argv[1:]))
   config.env.task = _TASK.value
   workdirs = [w for w in _WORKDIR.value.split(",") if w]
   labels = [x for x in _LABELS.value.split(",") if x] or [

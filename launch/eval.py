@@ -219,9 +219,9 @@ def main(argv):
   if name == "retrospex":
     sys.exit(
       "error: retrospex has its own entry point:\n  "
-      + "\n  ".join(method.command_lines(_config_spec(), _WORKDIR.value))
+      + "\n  ".join(cli.command_lines(method, _config_spec(), _WORKDIR.value))
     )
-  methods.apply(config, name, keep=methods.explicit_keys(sys.argv[1:]))
+  methods.apply(config, name, keep=cli.explicit_keys(sys.argv[1:]))
   try:
     trainer = Trainer(config, _WORKDIR.value, progress=False)
   except ConfigError as e:

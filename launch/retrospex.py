@@ -189,7 +189,7 @@ def main(argv):
   from empo2_jax import methods
 
   config = _CONFIG.value
-  methods.apply(config, "retrospex", keep=methods.explicit_keys(sys.argv[1:]))
+  methods.apply(config, "retrospex", keep=cli.explicit_keys(sys.argv[1:]))
   from etils import epath
 
   epath.Path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)  # gs://: nothing to make

@@ -56,7 +56,7 @@ def main(argv):
   from empo2_jax.train import build, workdir_lock
 
   c = _CONFIG.value
-  keep = methods.explicit_keys(sys.argv[1:])
+  keep = cli.explicit_keys(sys.argv[1:])
   if "method" not in keep:
     c.method = "spa"
   methods.apply(c, keep=keep)

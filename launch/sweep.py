@@ -42,7 +42,7 @@ def script_for(method) -> str:
     return TRAIN
   from empo2_jax import methods
 
-  for part in methods.get(method).commands[0].split():
+  for part in " ".join(methods.get(method).commands[:1]).split():
     if part.startswith("launch/") and part.endswith(".py"):
       return os.path.join(ROOT, part)
   return TRAIN

@@ -110,8 +110,8 @@ def _apply_method(config) -> None:
     cli.fail(e)  # one line, exit 2
   if not method.trains:
     spec = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "CONFIG")
-    sys.exit("error: " + methods.not_training_message(config.method, spec, _WORKDIR.value))
-  methods.apply(config, keep=methods.explicit_keys(sys.argv[1:]))
+    sys.exit("error: " + cli.not_training_message(config.method, spec, _WORKDIR.value))
+  methods.apply(config, keep=cli.explicit_keys(sys.argv[1:]))
 
 
 def _train(config, lead):

@@ -2,7 +2,7 @@
 episodes' tips.
 
     actor = Actor(pool, tokenizer, materials, memory=..., settings=ActorSettings(...),
-                  env_text=hooks.env_text)
+                  prompt_set=suite.prompts, env_text=hooks.env_text)
     rollout = actor.rollout(params, model_config, specs, use_memory=True, temperature=1.0,
                             rng=key, mode="off")
     rollout.episodes, rollout.stats          # every host's episodes, the rollout's counters
@@ -58,7 +58,6 @@ from empo2_jax.agent.episode import ActorSettings, Episode, apply_step, reset_ep
 from empo2_jax.agent.episode_keys import EpisodeKeys
 from empo2_jax.agent.memory import Memory, chat_key, recent_key
 from empo2_jax.envs.base import PromptSet
-from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.memory.reflect import memory_writes, reflection_chat
 from empo2_jax.tips import clean_tip
 from empo2_jax.memory.rewards import intrinsic_reward
@@ -112,12 +111,15 @@ class Actor:
     memory: Optional[Memory] = None,
     settings: ActorSettings = ActorSettings(),
     sampler_settings: SamplerSettings = SamplerSettings(),
+    *,
+    prompt_set: PromptSet,
     mesh=None,
-    prompt_set: PromptSet = SCIENCEWORLD,
     env_text: Callable[[str], str] = whole_response,
   ):
-    """env_text: what the env reads of a response (methods/base.Hooks.env_text: SGE's text
-    after the strategy span, SPA's answer span); the chat keeps the whole response."""
+    """prompt_set: the env suite's messages (envs/registry.py: build.suite(config).prompts), the
+    system prompt, the tip and reflection texts the actor writes with. env_text: what the env
+    reads of a response (methods/base.Hooks.env_text: SGE's text after the strategy span, SPA's
+    answer span); the chat keeps the whole response."""
     self.pool, self.tok, self.materials = pool, tokenizer, materials
     self.prompts = prompt_set  # the env's messages (its registry entry's PromptSet)
     self.mesh = mesh

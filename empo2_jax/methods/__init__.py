@@ -25,11 +25,9 @@ one more module: docs/architecture.md, "How to add a method".
 from empo2_jax.methods import baselines, gigpo, grpo, empo2, sge, herl, spa, rnd  # noqa: F401
 from empo2_jax.methods import empo2_release, ctx_distill, opid  # noqa: F401
 from empo2_jax.methods.base import (
-  EVAL_COMMAND,
   GRPO_OVERRIDES,
   PLUGINS,
   REGISTRY,
-  TRAIN_COMMAND,
   Hooks,
   Method,
   Plugin,
@@ -40,10 +38,8 @@ from empo2_jax.methods.base import (
   apply,
   check,
   check_overrides,
-  explicit_keys,
   get,
   names,
-  not_training_message,
   register,
   register_plugin,
   response_tokens,
@@ -51,11 +47,9 @@ from empo2_jax.methods.base import (
 )
 
 __all__ = [
-  "EVAL_COMMAND",
   "GRPO_OVERRIDES",
   "PLUGINS",
   "REGISTRY",
-  "TRAIN_COMMAND",
   "Hooks",
   "Method",
   "Plugin",
@@ -66,10 +60,8 @@ __all__ = [
   "apply",
   "check",
   "check_overrides",
-  "explicit_keys",
   "get",
   "names",
-  "not_training_message",
   "register",
   "register_plugin",
   "response_tokens",

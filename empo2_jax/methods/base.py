@@ -4,7 +4,7 @@ and, where it adds to the trainer, a Plugin (its config section, checks and hook
     from empo2_jax import methods
     m = methods.get("grpo")            # Method(name, description, overrides, trains, commands, ...)
     methods.apply(config, "grpo")      # config.method = "grpo" and the method's overrides set
-    m.command_lines("configs/sciworld.py:cpu", "runs/grpo")   # how to run it
+    cli.command_lines(m, "configs/sciworld.py:cpu", "runs/grpo")   # how to run it (cli.py)
     hooks = methods.Hooks(config)      # the active plugins' hooks, as the trainer calls them
 
 A method is one module that calls `register` (docs/architecture.md, "How to add a method"):
@@ -29,15 +29,9 @@ config.method, so that e.g. `--config.sge.enabled=True` on a GRPO run turns SGE 
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 from empo2_jax import config_keys
-
-TRAIN_COMMAND = (
-  "{python} launch/train.py --config={config} --config.method={name} --workdir={workdir}"
-)
-EVAL_COMMAND = "{python} launch/eval.py --config={config} --method={name} --workdir={workdir}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,31 +156,11 @@ class Method:
   description: str
   overrides: Mapping[str, Any]  # dotted config path -> value, applied by `apply`
   trains: bool  # True: launch/train.py runs it (weights are updated)
-  commands: tuple[str, ...]  # command templates, run in order ({python} {config} {workdir} {name})
+  # Its own launch command templates, run in order ({python} {config} {workdir} {name}
+  # {episodes}); (): the standard launch script (empo2_jax/cli.command_lines renders them)
+  commands: tuple[str, ...]
   label: str  # column header in tables
   plugin: Optional[type] = None  # its Plugin subclass, if it adds to the trainer
-
-  def command_lines(
-    self,
-    config: str,
-    workdir: str,
-    python: str = "python",
-    evaluate: bool = False,
-    episodes: str = "RUN_WITH_SAVED_EPISODES",
-  ) -> list[str]:
-    """The shell commands that run this method with config spec `config` into `workdir`;
-    evaluate=True adds the evaluation of a training method's run (launch/eval.py, which writes
-    the eval/result.json that launch/table.py reads; the other methods write it themselves).
-    `episodes` fills {episodes} (Retrospex: runs trained with train.save_episodes=True)."""
-    fields = dict(
-      python=python,
-      config=shlex.quote(config),
-      workdir=shlex.quote(workdir),
-      name=self.name,
-      episodes=shlex.quote(episodes),
-    )
-    lines = list(self.commands) + ([EVAL_COMMAND] if evaluate and self.trains else [])
-    return [c.format(**fields) for c in lines]
 
 
 # What every "GRPO + its own piece" method sets: no memory, and no low-probability mask (EMPO2's
@@ -221,7 +195,7 @@ def register(
   *,
   overrides: Optional[Mapping[str, Any]] = None,
   trains: bool = True,
-  commands: Optional[Sequence[str]] = None,
+  commands: Sequence[str] = (),
   label: Optional[str] = None,
   plugin: Optional[type] = None,
 ) -> Method:
@@ -232,8 +206,6 @@ def register(
     raise ValueError(f"method {name!r} is registered already ({REGISTRY[name].description})")
   if plugin is not None:
     register_plugin(plugin)
-  if commands is None:
-    commands = (TRAIN_COMMAND,) if trains else (EVAL_COMMAND,)
   m = Method(
     name=name,
     description=description,
@@ -276,25 +248,6 @@ def apply(config, name: Optional[str] = None, *, keep: Sequence[str] = ()):
     node[key] = value
   config.method = name
   return config
-
-
-def explicit_keys(argv: Sequence[str]) -> set[str]:
-  """The dotted config paths set on a command line (--config.a.b=v, --config.a.b v,
-  --noconfig.a.b)."""
-  out = set()
-  for arg in argv:
-    for prefix in ("--config.", "--noconfig."):
-      if arg.startswith(prefix):
-        out.add(arg[len(prefix) :].split("=", 1)[0])
-  return out
-
-
-def not_training_message(name: str, config: str = "CONFIG", workdir: str = "WORKDIR") -> str:
-  m = get(name)
-  return (
-    f"method {name!r} ({m.description}) does not train with launch/train.py; run it with:\n  "
-    + "\n  ".join(m.command_lines(config, workdir))
-  )
 
 
 # -- the plugins' config ---------------------------------------------------------------------------
@@ -419,8 +372,6 @@ __all__ = [
   "get",
   "check_overrides",
   "apply",
-  "explicit_keys",
-  "not_training_message",
   "add_sections",
   "check",
   "active",

@@ -6,6 +6,7 @@ import pytest
 
 from empo2_jax import tips
 from empo2_jax.envs.scienceworld import prompts
+from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.agent.actor import Actor, ActorSettings, Episode, Memory
 from empo2_jax.envs.fewshot import PromptMaterial
 from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
@@ -39,6 +40,7 @@ def test_key_keeps_task_and_current_observation_within_window(encoder):
     {(TASK, 1): _material()},
     Memory(encoder, store, MemoryIndex(store)),
     ActorSettings(memory_key_text="recent"),
+    prompt_set=SCIENCEWORLD,
   )
   ep = Episode(TASK, 1, 0, 0, "on", True)
   for t in range(60):  # a long episode: far more text than 256 word pieces
@@ -88,6 +90,7 @@ def _chat_actor(encoder, **settings):
     {(TASK, 1): _material()},
     Memory(encoder, store, MemoryIndex(store)),
     ActorSettings(memory_key_text="chat", **settings),
+    prompt_set=SCIENCEWORLD,
   )
 
 

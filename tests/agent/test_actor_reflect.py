@@ -9,6 +9,7 @@ import pytest
 import jax
 
 from empo2_jax.agent import actor as actor_lib
+from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.agent.actor import Rollout
 from empo2_jax.agent.episode import ActorSettings, Episode
 from empo2_jax.agent.memory import Memory
@@ -35,7 +36,7 @@ def test_reflect_with_the_rule_reflector_samples_nothing_and_writes_the_rule_tip
   a = object.__new__(actor_lib.Actor)
   a.settings = ActorSettings(reflector="rule", memory_key="step")
   a.tok, a.memory = _FakeTok(), types.SimpleNamespace(store=None, encoder=None)
-  a.prompts = actor_lib.SCIENCEWORLD
+  a.prompts = SCIENCEWORLD
   a.sample = lambda *args, **kw: pytest.fail("the rule reflector sampled")
   e = Episode("find-animal", 0, 0, 0, "on", False)
   e.executed, e.step_keys, e.score = ["focus on cat"], ["k0"], 50.0

@@ -10,6 +10,7 @@ import jax
 from empo2_jax.agent.actor import Actor, ActorSettings
 from empo2_jax.envs.base import ResetInfo, ResetResult, StepInfo, StepResult
 from empo2_jax.envs.fewshot import PromptMaterial
+from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.model import configs, llama
 from empo2_jax.model.tokenizer import load_tokenizer
 
@@ -80,7 +81,7 @@ def make_actor(pool, variations, memory=None, max_new_tokens=6, tip_max_new_toke
     cache_dtype="float32",
   )
   materials = {(TASK, v): material(v) for v in variations}
-  return Actor(pool, load_tokenizer(), materials, memory, settings)
+  return Actor(pool, load_tokenizer(), materials, memory, settings, prompt_set=SCIENCEWORLD)
 
 
 def param_bytes(params) -> list[bytes]:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from empo2_jax import defaults
+from empo2_jax import cli, defaults
 from empo2_jax import methods
 from empo2_jax.train import build
 from configs import sciworld
@@ -58,23 +58,23 @@ def test_register_once_and_command_lines():
   m = methods.register("_tmp_test", "a test method", overrides={"empo2.p_memory": 0.5})
   try:
     assert m.trains and m.label == "_tmp_test"
-    (line,) = m.command_lines("configs/sciworld.py:cpu", "runs/x y")
+    (line,) = cli.command_lines(m, "configs/sciworld.py:cpu", "runs/x y")
     assert line == (
       "python launch/train.py --config=configs/sciworld.py:cpu --config.method=_tmp_test "
       "--workdir='runs/x y'"
     )
   finally:
     del methods.REGISTRY["_tmp_test"]
-  train, ev = methods.get("grpo").command_lines("c.py", "w", evaluate=True)
+  train, ev = cli.command_lines(methods.get("grpo"), "c.py", "w", evaluate=True)
   assert train.startswith("python launch/train.py") and "--config.method=grpo" in train
   assert ev == "python launch/eval.py --config=c.py --method=grpo --workdir=w"
-  (line,) = methods.get("reflexion").command_lines("c.py", "w", evaluate=True)
+  (line,) = cli.command_lines(methods.get("reflexion"), "c.py", "w", evaluate=True)
   assert line == "python launch/eval.py --config=c.py --method=reflexion --workdir=w"
 
 
 def test_explicit_keys():
   argv = ["--config=x.py", "--config.empo2.p_memory=0.1", "--config.seed", "3", "--noconfig.a.b"]
-  assert methods.explicit_keys(argv) == {"empo2.p_memory", "seed", "a.b"}
+  assert cli.explicit_keys(argv) == {"empo2.p_memory", "seed", "a.b"}
 
 
 def test_train_refuses_a_method_that_does_not_train(tmp_path):
