@@ -97,6 +97,7 @@ def cache_shape(config: LlamaConfig, batch: int, length: int) -> tuple[int, ...]
 
 
 def init_cache(config: LlamaConfig, batch: int, length: int, dtype=jnp.bfloat16) -> Params:
+  """An empty KV cache: k, v [L, B, K, S, hd] zeros in `dtype`, mask [B, S] int32 zeros."""
   shape = cache_shape(config, batch, length)
   return {
     "k": jnp.zeros(shape, dtype),
@@ -111,6 +112,8 @@ def init_cache(config: LlamaConfig, batch: int, length: int, dtype=jnp.bfloat16)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm over the last axis: x [..., D], weight [D] -> [..., D] in x's dtype (statistics in
+  float32, the normalised value cast back before the weight multiply)."""
   x32 = x.astype(jnp.float32)
   var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
   normed = (x32 * jax.lax.rsqrt(var + eps)).astype(x.dtype)
@@ -146,7 +149,14 @@ def rope_cos_sin(positions: jax.Array, inv_freq: jax.Array):
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x [B, T, N, hd]; rotate-half convention of Hugging Face."""
+  """RoPE, in the rotate-half convention of Hugging Face.
+
+  Args:
+    x: [B, T, N, hd] queries or keys (N heads).
+    cos, sin: [B, T, hd] float32 (rope_cos_sin).
+  Returns:
+    [B, T, N, hd] in x's dtype.
+  """
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
   cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
@@ -154,7 +164,8 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
-  """Position of each token counting only real tokens (left padding gets position 0)."""
+  """Position of each token counting only real tokens (left padding gets position 0): attention
+  mask [B, T] -> positions [B, T] int32."""
   return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
 
 
@@ -258,8 +269,18 @@ def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int
 
 
 def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
-  """One pre-norm decoder block. `attend(q, k, v) -> (out [B, T, H*hd], aux)` does the attention
-  (and any cache write); returns (x, aux)."""
+  """One pre-norm decoder block.
+
+  Args:
+    config: LlamaConfig.
+    x: [B, T, D] the block's input.
+    layer: one layer's params (params["layers"] without the leading L axis).
+    cos, sin: [B, T, hd] float32 RoPE tables (rope_cos_sin).
+    attend: (q [B, T, H, hd], k, v [B, T, K, hd]) -> (out [B, T, H*hd], aux); does the attention
+      (and any cache write).
+  Returns:
+    (x [B, T, D], aux): the block's output and attend's aux.
+  """
   c, dt = config, config.jnp_compute_dtype
   b, t, _ = x.shape
 
@@ -331,16 +352,29 @@ def forward(
   cache_rows: Optional[jax.Array] = None,
   layer_grads: Optional[Params] = None,
 ):
-  """tokens/attention_mask int32 [B, T] -> logits [B, T, V] float32 (or hidden [B, T, D]).
+  """The decoder: tokens [B, T] -> logits [B, T, V] float32 (or final hidden states [B, T, D]).
 
-  With `cache`, returns (out, new_cache); see the module docstring for the cache contract.
-  cache_rows [B] int32 (distinct): the cache rows the batch's rows extend (default: row b is
-  cache row b); the cache may hold more rows, which stay untouched.
-  With a cache, params["layers"] may also be a list of per-layer dicts (`split_layers`): the same
-  result without slicing each layer's weights out of the stacked arrays (which XLA:CPU copies).
-  layer_grads (cache-free, scanned layers, remat "full"): a float32 accumulator shaped like
-  params["layers"]; the same output, and differentiating with respect to `layer_grads` gives
-  layer_grads + the layers' gradient, added in place layer by layer (model/grad_accum.py).
+  See the module docstring for the cache contract. With a cache, params["layers"] may also be a
+  list of per-layer dicts (`split_layers`): the same result without slicing each layer's weights
+  out of the stacked arrays (which XLA:CPU copies).
+
+  Args:
+    params: the params pytree (module docstring).
+    config: LlamaConfig.
+    tokens: [B, T] int32 token ids.
+    attention_mask: [B, T] int32, 1 on real tokens.
+    positions: [B, T] int32 RoPE positions; None: positions_from_mask (required with a cache).
+    return_hidden: return the final-normed hidden states [B, T, D] instead of the logits.
+    cache: None, or the KV cache to write the new tokens into and attend over.
+    cache_index: [B] int32, with a cache: the slot of each row's first new token.
+    cache_rows: None, or [B] int32 (distinct): the cache rows the batch's rows extend (default:
+      row b is cache row b); the cache may hold more rows, which stay untouched.
+    layer_grads: None, or (cache-free, scanned layers, remat "full") a float32 accumulator shaped
+      like params["layers"]; the same output, and differentiating with respect to `layer_grads`
+      gives layer_grads + the layers' gradient, added in place layer by layer
+      (model/grad_accum.py).
+  Returns:
+    out ([B, T, V] logits or [B, T, D] hidden), or (out, new_cache) with a cache.
   """
   c, dt = config, config.jnp_compute_dtype
   tokens = jnp.asarray(tokens, jnp.int32)

@@ -55,7 +55,17 @@ def _normalise_in_groups(scores, gid, n_groups, *, use_std, ddof, eps):
 
 def grpo_step_advantages(group_ids, returns, intrinsic=None, *, ddof=1, eps=1e-6):
   """Paper-era GRPO, step level: score = episode return + turn's intrinsic reward, normalised over
-  all turns of the group. [N] float32."""
+  all turns of the group.
+
+  Args:
+    group_ids: [N] hashable task-row group of each turn.
+    returns: [N] float episode return, repeated on each of its turns.
+    intrinsic: [N] float intrinsic reward of each turn, or None (0).
+    ddof: delta degrees of freedom of the group std.
+    eps: added to the std.
+  Returns:
+    [N] float32 advantages; 0 in single-member groups.
+  """
   scores = np.asarray(returns, np.float64)
   if intrinsic is not None:
     scores = scores + np.asarray(intrinsic, np.float64)
@@ -65,7 +75,17 @@ def grpo_step_advantages(group_ids, returns, intrinsic=None, *, ddof=1, eps=1e-6
 
 def rollout_advantages(group_ids, rollout_ids, rewards, *, ddof=1, eps=1e-6):
   """Release GRPO, rollout level: score = sum of the rollout's turn rewards, normalised over the n
-  rollouts of the group (ddof=1), broadcast back to every turn. [N] float32."""
+  rollouts of the group (ddof=1), broadcast back to every turn.
+
+  Args:
+    group_ids: [N] hashable task-row group of each turn.
+    rollout_ids: [N] hashable episode id of each turn, unique across the batch.
+    rewards: [N] float reward of each turn.
+    ddof: delta degrees of freedom of the group std.
+    eps: added to the std.
+  Returns:
+    [N] float32 advantages, the rollout's on each of its turns; 0 in single-rollout groups.
+  """
   rid, n_roll = _group_index(rollout_ids)
   score = np.bincount(rid, weights=np.asarray(rewards, np.float64), minlength=n_roll)
   roll_group = np.empty(n_roll, dtype=object)
@@ -76,7 +96,16 @@ def rollout_advantages(group_ids, rollout_ids, rewards, *, ddof=1, eps=1e-6):
 
 
 def discounted_returns(rollout_ids, steps, rewards, gamma):
-  """G_t = sum_{k>=t} gamma^(k-t) r_k within each rollout, in step order. [N] float64."""
+  """G_t = sum_{k>=t} gamma^(k-t) r_k within each rollout, in step order.
+
+  Args:
+    rollout_ids: [N] hashable episode id of each turn.
+    steps: [N] int index of each turn within its rollout.
+    rewards: [N] float reward of each turn.
+    gamma: float discount.
+  Returns:
+    [N] float64 discounted returns, in the input order.
+  """
   rewards = np.asarray(rewards, np.float64)
   rid_all = _group_index(rollout_ids)[0]
   order = np.lexsort((np.asarray(steps), rid_all))  # by rollout, then step
@@ -121,15 +150,13 @@ def gigpo_advantages(
   ddof=1,
   eps=1e-6,
 ):
-  """GiGPO (Feng et al. 2025): A = A_episode + w * A_step. [N] float32.
+  """GiGPO (Feng et al. 2025): A = A_episode + w * A_step.
 
   Episode score of a turn = its episode return, minus `invalid_penalty` when the turn's action was
   invalid (`valid[i]` False); step return R_t = the turn's discounted return (gamma), minus the
   same penalty on invalid turns (verl-agent's apply_invalid_action_penalty, coefficient 0.1 there).
-  A_episode = (score - mean) / F_norm with the group's statistics taken over
-    episode_stats "trajectory": one score per rollout of the group (the rollout's first turn);
-                  "steps": every turn row of the group (verl-agent's default,
-                  compute_mean_std_cross_steps=True: longer episodes weigh more).
+  A_episode = (score - mean) / F_norm with the group's statistics taken over the scores that
+  `episode_stats` names.
   A_step = (R_t - mean) / F_norm within the turn's anchor group (turns of the same task-row group
   whose current observation is identical; singletons -> 0).
   F_norm = std + eps with use_std=True ("mean_std_norm", the paper's "w/ std" row), 1 with
@@ -138,6 +165,26 @@ def gigpo_advantages(
   with group_size >= 2 that happens only when the pool lost the other rollouts).
   The defaults (trajectory, no penalty) are this project's earlier GiGPO; the `gigpo` method
   (methods/) sets verl-agent's (steps, use_std False, penalty 0.1).
+
+  Args:
+    group_ids: [N] hashable task-row group of each turn.
+    rollout_ids: [N] hashable episode id of each turn, unique across the batch.
+    steps: [N] int index of each turn within its rollout.
+    obs_keys: [N] hashable current observation of each turn (the anchor states).
+    returns: [N] float episode return, repeated on each of its turns.
+    rewards: [N] float reward of each turn (discounted into R_t).
+    gamma: discount of the step return.
+    step_weight: w, the weight of A_step.
+    use_std: divide by std + eps (True) or by 1 (False).
+    episode_stats: "trajectory": one score per rollout of the group (the rollout's first turn);
+      "steps": every turn row of the group (verl-agent's default,
+      compute_mean_std_cross_steps=True: longer episodes weigh more).
+    valid: [N] bool, the turn's action was valid; None: all valid.
+    invalid_penalty: float subtracted from both scores of an invalid turn.
+    ddof: delta degrees of freedom of the std.
+    eps: added to the std.
+  Returns:
+    [N] float32 advantages.
   """
   if episode_stats not in EPISODE_STATS:
     raise ValueError(f"episode_stats={episode_stats!r}; valid: {', '.join(EPISODE_STATS)}")
@@ -179,7 +226,14 @@ ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register_estimator(name: str, settings: Sequence[str] = ()):
-  """Decorator: registers fn(turns, **settings) as advantage.estimator=`name`."""
+  """Decorator: registers fn(turns, **settings) as advantage.estimator=`name`.
+
+  Args:
+    name: the estimator's name; must not be registered yet.
+    settings: the advantage.<key> settings fn takes as keyword arguments, by the config's names.
+  Returns:
+    A decorator that registers fn and returns it unchanged.
+  """
 
   def deco(fn):
     if name in ESTIMATORS:
@@ -191,15 +245,24 @@ def register_estimator(name: str, settings: Sequence[str] = ()):
 
 
 def get_estimator(name: str) -> Estimator:
+  """The Estimator registered under `name` (ValueError naming the valid ones if none)."""
   if name not in ESTIMATORS:
     raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ESTIMATORS)}")
   return ESTIMATORS[name]
 
 
 def turn_advantages(turns: Sequence, estimator: str, settings=None, **kwargs) -> np.ndarray:
-  """Advantages [N] of the turns by the estimator `estimator`: the settings it reads are taken
-  from `settings` (a mapping such as config.advantage; absent keys keep the function's defaults),
-  then `kwargs` (explicit values win)."""
+  """Advantages of the turns by the estimator `estimator`.
+
+  Args:
+    turns: N turns (rl/batch.Turn).
+    estimator: a registered estimator's name.
+    settings: a mapping such as config.advantage, from which the settings the estimator reads are
+      taken; absent keys keep the function's defaults. None: none.
+    **kwargs: explicit settings; they win over `settings`.
+  Returns:
+    [N] float32 advantages.
+  """
   est = get_estimator(estimator)
   kw = {k: settings[k] for k in est.settings if settings is not None and k in settings}
   kw.update(kwargs)
@@ -208,8 +271,17 @@ def turn_advantages(turns: Sequence, estimator: str, settings=None, **kwargs) ->
 
 @register_estimator("grpo_step")
 def grpo_step_turns(turns, ddof=1, eps=1e-6):
-  """Paper-era GRPO, step level (the GRPO group advantage A = (s - mean) / (std + eps) over the
-  task row's turns, docs/method.md §6): s = episode return + the turn's r_int."""
+  """Paper-era GRPO, step level (docs/method.md §6): s = episode return + the turn's r_int.
+
+  The GRPO group advantage A = (s - mean) / (std + eps) over the task row's turns.
+
+  Args:
+    turns: N turns (group_id, episode_return, intrinsic).
+    ddof: delta degrees of freedom of the group std.
+    eps: added to the std.
+  Returns:
+    [N] float32 advantages.
+  """
   return grpo_step_advantages(
     [t.group_id for t in turns],
     [t.episode_return for t in turns],
@@ -222,7 +294,15 @@ def grpo_step_turns(turns, ddof=1, eps=1e-6):
 @register_estimator("grpo_rollout")
 def grpo_rollout_turns(turns, ddof=1, eps=1e-6):
   """Release GRPO, rollout level (docs/method.md §6): s = the rollout's sum of (reward + r_int),
-  normalised over the group's rollouts and given to each of its turns."""
+  normalised over the group's rollouts and given to each of its turns.
+
+  Args:
+    turns: N turns (group_id, rollout_id, reward, intrinsic).
+    ddof: delta degrees of freedom of the group std.
+    eps: added to the std.
+  Returns:
+    [N] float32 advantages.
+  """
   return rollout_advantages(
     [t.group_id for t in turns],
     [t.rollout_id for t in turns],
@@ -233,8 +313,8 @@ def grpo_rollout_turns(turns, ddof=1, eps=1e-6):
 
 
 def gigpo_scores(turns: Sequence) -> tuple[list, list]:
-  """(episode returns [N], step rewards [N]) for GiGPO with EMPO2's memory reward r_int
-  (docs/method.md §3: added to the score unscaled, at every step of a memory rollout).
+  """GiGPO's two scores with EMPO2's memory reward r_int (docs/method.md §3: added to the score
+  unscaled, at every step of a memory rollout).
 
   GiGPO's episode score is the sum of the episode's step rewards and its step return the
   discounted sum of the later ones (docs/method.md §6; docs/methods.md §4.2 items 1-2). With
@@ -242,6 +322,11 @@ def gigpo_scores(turns: Sequence) -> tuple[list, list]:
   plus the rollout's summed intrinsic (one value per rollout, repeated on its turns), and each
   step's reward plus its own intrinsic, before discounting. With every intrinsic 0 both equal
   the plain returns and rewards (x + 0.0 == x).
+
+  Args:
+    turns: N turns (rollout_id, episode_return, reward, intrinsic).
+  Returns:
+    (returns, rewards): lists of N floats, the episode returns and the step rewards.
   """
   total: dict = {}
   for t in turns:
@@ -256,7 +341,16 @@ def gigpo_scores(turns: Sequence) -> tuple[list, list]:
 )
 def gigpo_turns(turns, **kwargs):
   """GiGPO (Feng et al. 2025; docs/method.md §6): episode advantage (their Eq. 3) + w x step
-  advantage over anchor states (Eqs. 5-8), with EMPO2's r_int in both scores (gigpo_scores)."""
+  advantage over anchor states (Eqs. 5-8), with EMPO2's r_int in both scores (gigpo_scores).
+
+  Args:
+    turns: N turns (group_id, rollout_id, step, obs_key, episode_return, reward, intrinsic,
+      valid).
+    **kwargs: gigpo_advantages' settings (gamma, step_weight, use_std, episode_stats,
+      invalid_penalty).
+  Returns:
+    [N] float32 advantages.
+  """
   returns, rewards = gigpo_scores(turns)
   return gigpo_advantages(
     [t.group_id for t in turns],

@@ -153,12 +153,21 @@ def token_logprobs(
   inv_temperature=None,
   split_width=True,
 ):
-  """log softmax(h @ w / temperature)[target] for every position.
+  """log softmax(h @ w / temperature)[target] for every position, in vocabulary chunks.
 
-  h [..., D] hidden states, w [D, V] output embedding, targets [...] int token ids.
-  inv_temperature: None, or [...] (targets' shape) per-position 1/tau replacing `temperature`.
-  split_width: the layout on a mesh (below); no effect without one.
-  Returns logp [...] float32, or (logp, entropy) with with_entropy=True. Differentiable in h and w.
+  Differentiable in h and w (custom VJP; no gradient flows into inv_temperature).
+
+  Args:
+    h: [..., D] hidden states.
+    w: [D, V] output embedding.
+    targets: [...] int token ids.
+    temperature: float tau > 0 (ValueError otherwise); ignored when inv_temperature is given.
+    chunk_size: vocabulary columns per chunk.
+    with_entropy: also return the entropy of each position's distribution.
+    inv_temperature: None, or [...] (targets' shape) per-position 1/tau replacing `temperature`.
+    split_width: the layout on a mesh (comment in the body); no effect without one.
+  Returns:
+    logp [...] float32, or (logp, entropy [...] float32) with with_entropy=True.
   """
   lead = targets.shape
   # On a mesh (parallel/sharding.on_mesh), split_width=True: keep the width split over fsdp, as
@@ -191,7 +200,13 @@ def token_logprobs(
 def naive_token_logprobs(
   h, w, targets, *, temperature=1.0, with_entropy=False, inv_temperature=None
 ):
-  """Reference: the full [..., V] logits, float32. For tests and benchmarks."""
+  """Reference: the full [..., V] logits, float32. For tests and benchmarks.
+
+  Args:
+    h, w, targets, temperature, with_entropy, inv_temperature: as token_logprobs.
+  Returns:
+    logp [...] float32, or (logp, entropy [...] float32) with with_entropy=True.
+  """
   z = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=F32)
   z = z / temperature if inv_temperature is None else z * jnp.asarray(inv_temperature)[..., None]
   logp_all = jax.nn.log_softmax(z, axis=-1)
@@ -214,9 +229,18 @@ def response_logprobs(
 ):
   """Log-probs of the last `response_len` positions of each row (the response block).
 
-  tokens_bl / attn_bl [B, L]: prompt left-padded, response right-padded (see rl/batch.py), so the
-  response occupies columns L-R .. L-1 in every row. Only the R hidden states that predict them go
-  through the vocabulary projection. Returns [B, R] (and entropy [B, R]).
+  The response occupies columns L-R .. L-1 in every row. Only the R hidden states that predict
+  them go through the vocabulary projection.
+
+  Args:
+    params: the model's params (model/llama.py).
+    config: its LlamaConfig.
+    tokens_bl: [B, L] int token ids: prompt left-padded, response right-padded (see rl/batch.py).
+    attn_bl: [B, L] attention mask, 1 on real tokens.
+    response_len: R, a Python int.
+    temperature, chunk_size, with_entropy: as token_logprobs.
+  Returns:
+    [B, R] float32 log-probs, or ([B, R], entropy [B, R]) with with_entropy=True.
   """
   length = tokens_bl.shape[1]
   hidden = llama.forward(params, config, tokens_bl, attn_bl, return_hidden=True)  # [B, L, D]

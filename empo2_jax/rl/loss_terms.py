@@ -53,12 +53,25 @@ class TermInputs:
   seq_denom: Optional[Any] = None
 
   def mean(self, x_nr, mask=None):
-    """x aggregated as the loss is (loss.agg, the mini-batch denominators)."""
+    """x aggregated as the loss is (loss.agg, the mini-batch denominators).
+
+    Args:
+      x_nr: [N, R] per-token values.
+      mask: [N, R] mask to aggregate over; None: self.mask.
+    Returns:
+      float32 scalar.
+    """
     m = self.mask if mask is None else mask
     return losses.aggregate(x_nr, m, self.agg, self.token_denom, self.seq_denom)
 
   def token_mean(self, x_nr):
-    """x averaged over the mini-batch's tokens (metrics that add up over micro-batches)."""
+    """x averaged over the mini-batch's tokens (metrics that add up over micro-batches).
+
+    Args:
+      x_nr: [N, R] per-token values.
+    Returns:
+      float32 scalar: sum over self.mask's tokens / token_denom.
+    """
     return losses.aggregate(x_nr, self.mask, "token_mean", self.token_denom)
 
 
@@ -92,15 +105,35 @@ def _register(name, fn, keys, needs, sign, kind, optional):
 def register_loss_term(
   name: str, *, keys: Mapping[str, Any], needs=(), sign: float = 1.0, optional: bool = False
 ):
-  """Decorator: fn(TermInputs, LossConfig) -> (scalar, metrics), added as sign * coef * scalar."""
+  """Decorator: registers fn(TermInputs, LossConfig) -> (scalar, metrics) as a loss term.
+
+  Args:
+    name: the term's name (its metric key); must not be registered yet.
+    keys: its `loss` config keys -> defaults; the first is its coefficient.
+    needs: the TermInputs fields it reads beyond the always-present ones.
+    sign: the term is added to the loss as sign * coef * scalar.
+    optional: True: absent inputs make the term a no-op, not an error.
+  Returns:
+    A decorator that registers fn and returns it unchanged.
+  """
   return lambda fn: _register(name, fn, keys, needs, sign, "loss", optional)
 
 
 def register_advantage_term(
   name: str, *, keys: Mapping[str, Any], needs=(), optional: bool = False
 ):
-  """Decorator: fn(TermInputs, LossConfig) -> [N, R] token advantages (no gradient), added as
-  coef * that to the advantages the policy loss reads."""
+  """Decorator: registers fn(TermInputs, LossConfig) -> [N, R] token advantages as a term.
+
+  The output (no gradient) is added as coef * that to the advantages the policy loss reads.
+
+  Args:
+    name: the term's name; must not be registered yet.
+    keys: its `loss` config keys -> defaults; the first is its coefficient.
+    needs: the TermInputs fields it reads beyond the always-present ones.
+    optional: True: absent inputs make the term a no-op, not an error.
+  Returns:
+    A decorator that registers fn and returns it unchanged.
+  """
   return lambda fn: _register(name, fn, keys, needs, 1.0, "advantage", optional)
 
 
@@ -113,7 +146,14 @@ def default_keys() -> dict:
 
 
 def value(cfg, key: str):
-  """A term's config value: a LossConfig field or one of its `terms`."""
+  """A term's config value: a LossConfig field or one of its `terms`.
+
+  Args:
+    cfg: LossConfig.
+    key: the config key in `loss`.
+  Returns:
+    Its value; KeyError if `key` is neither a field nor set in cfg.terms.
+  """
   if key in {f.name for f in dataclasses.fields(cfg)}:
     return getattr(cfg, key)
   terms = dict(cfg.terms)
@@ -127,13 +167,29 @@ def _present(t: Term, x: TermInputs) -> bool:
 
 
 def needs_input(cfg, name: str) -> bool:
-  """Whether a term with a nonzero coefficient reads input `name` (e.g. "teacher_logp")."""
+  """Whether a term with a nonzero coefficient reads input `name`.
+
+  Args:
+    cfg: LossConfig.
+    name: a TermInputs field, e.g. "teacher_logp".
+  Returns:
+    bool.
+  """
   return any(name in t.needs and value(cfg, t.coef_key) for t in TERMS.values())
 
 
 def token_advantages(x: TermInputs, cfg):
-  """The advantages with every active advantage term added: adv [N] or [N, R] -> [N, R] when a
-  term is active, else adv unchanged."""
+  """The advantages with every active advantage term added.
+
+  A term is active when its coefficient is nonzero and, for an optional term, its inputs are
+  present; a non-optional active term without its inputs is a ValueError.
+
+  Args:
+    x: TermInputs; x.adv is [N] or [N, R], x.logp [N, R].
+    cfg: LossConfig.
+  Returns:
+    [N, R] advantages when a term is active, else x.adv unchanged.
+  """
   adv = x.adv
   for t in TERMS.values():
     coef = value(cfg, t.coef_key)
@@ -147,8 +203,20 @@ def token_advantages(x: TermInputs, cfg):
 
 
 def add_terms(pg_loss, metrics: dict, x: TermInputs, cfg) -> tuple[Any, dict]:
-  """pg_loss plus every loss term whose inputs are present (logged) and coefficient nonzero
-  (added); metrics gains each term's value under its name and the total under "loss"."""
+  """pg_loss plus every registered loss term.
+
+  A term whose inputs are present is logged, and added when its coefficient is nonzero; a
+  nonzero coefficient without the inputs is a ValueError unless the term is optional.
+
+  Args:
+    pg_loss: scalar, the policy loss's policy-gradient term.
+    metrics: the policy loss's metrics dict (not modified).
+    x: TermInputs.
+    cfg: LossConfig.
+  Returns:
+    (loss, metrics): the total loss scalar, and a copy of metrics with each term's value under
+    its name, the term's own metrics, and the total under "loss".
+  """
   loss, metrics = pg_loss, dict(metrics)
   for t in TERMS.values():
     if t.kind != "loss":
@@ -172,13 +240,27 @@ def add_terms(pg_loss, metrics: dict, x: TermInputs, cfg) -> tuple[Any, dict]:
   "kl_ref", keys={"kl_coef": 0.0, "kl_estimator": "low_var_kl"}, needs=("ref_logp",)
 )
 def kl_ref(x: TermInputs, cfg):
-  """KL(pi || reference) per token (rl/losses.kl_penalty, loss.kl_estimator)."""
+  """KL(pi || reference) per token (rl/losses.kl_penalty, loss.kl_estimator).
+
+  Args:
+    x: TermInputs (logp, ref_logp, mask [N, R]).
+    cfg: LossConfig.
+  Returns:
+    (value, {}): the per-token KL aggregated as the loss is (TermInputs.mean), a scalar.
+  """
   return x.mean(losses.kl_penalty(x.logp, x.ref_logp, x.mask, cfg.kl_estimator)), {}
 
 
 @register_loss_term("entropy", keys={"entropy_coef": 0.0}, needs=("entropy",), sign=-1.0)
 def entropy(x: TermInputs, cfg):
-  """The policy's entropy; subtracted (an entropy bonus)."""
+  """The policy's entropy; subtracted (an entropy bonus).
+
+  Args:
+    x: TermInputs (entropy, mask [N, R]).
+    cfg: LossConfig.
+  Returns:
+    (value, {}): the entropy aggregated as the loss is (TermInputs.mean), a scalar.
+  """
   return x.mean(x.entropy), {}
 
 
@@ -189,16 +271,25 @@ def entropy(x: TermInputs, cfg):
   optional=True,
 )
 def ctx_kl(x: TermInputs, cfg):
-  """On-policy context distillation (docs/methods.md, "Memory into weights"): the reverse KL
-  KL(pi(.|s) || pi_old(.|s, tips)) estimated on the sampled tokens. Its gradient is the score
-  function E_pi[(log pi - log pi_tips) grad log pi]; with samples from pi_old the token weight is
-  the ratio r = pi / pi_old, so the surrogate per token is r * stop_gradient(d - b), d = log pi -
-  log pi_tips clipped to +-loss.ctx_kl_clip. With loss.ctx_kl_baseline, b is the mean of d over
-  the micro-batch's teacher tokens (E[grad log pi] = 0, so a baseline leaves the gradient's
-  expectation unchanged and lowers its variance: without it every sampled token the teacher
-  finds less likely is pushed down, and the mass leaks to tokens nobody sampled); else b = 0.
-  Only tokens with a teacher view count; the value returned is the surrogate (its gradient is the
-  KL's), the metric ctx_kl_k1 the KL estimate."""
+  """On-policy context distillation (docs/methods.md, "Memory into weights").
+
+  The reverse KL KL(pi(.|s) || pi_old(.|s, tips)) estimated on the sampled tokens. Its gradient
+  is the score function E_pi[(log pi - log pi_tips) grad log pi]; with samples from pi_old the
+  token weight is the ratio r = pi / pi_old, so the surrogate per token is
+  r * stop_gradient(d - b), d = log pi - log pi_tips clipped to +-loss.ctx_kl_clip. With
+  loss.ctx_kl_baseline, b is the mean of d over the micro-batch's teacher tokens (E[grad log pi]
+  = 0, so a baseline leaves the gradient's expectation unchanged and lowers its variance: without
+  it every sampled token the teacher finds less likely is pushed down, and the mass leaks to
+  tokens nobody sampled); else b = 0. Only tokens with a teacher view count.
+
+  Args:
+    x: TermInputs (logp, old_logp, mask, teacher_logp, teacher_mask, all [N, R]).
+    cfg: LossConfig (terms ctx_kl_clip, ctx_kl_baseline).
+  Returns:
+    (value, metrics): the surrogate aggregated as the loss is, a scalar (its gradient is the
+    KL's); metrics ctx_kl_k1 (the KL estimate) and ctx_kl_tokens (the share of the loss's tokens
+    with a teacher view).
+  """
   m = (x.mask > 0) & (x.teacher_mask > 0)
   clip = value(cfg, "ctx_kl_clip")
   d = jnp.where(m, x.logp - x.teacher_logp, 0.0)
@@ -219,9 +310,17 @@ def ctx_kl(x: TermInputs, cfg):
   "opid", keys={"opid_coef": 0.0}, needs=("teacher_logp", "teacher_mask"), optional=True
 )
 def opid(x: TermInputs, cfg):
-  """OPID's hindsight token advantage (docs/methods.md): per token, log pi_old(a | s, hindsight
-  tip) - log pi_old(a | s), where the teacher view carries the hindsight tip; 0 on samples
-  without one."""
+  """OPID's hindsight token advantage (docs/methods.md).
+
+  Per token, log pi_old(a | s, hindsight tip) - log pi_old(a | s), where the teacher view carries
+  the hindsight tip.
+
+  Args:
+    x: TermInputs (old_logp, mask, teacher_logp, teacher_mask, all [N, R]).
+    cfg: LossConfig.
+  Returns:
+    [N, R] float32 token advantages; 0 on samples without a teacher view and on masked tokens.
+  """
   m = (x.mask > 0) & (x.teacher_mask > 0)
   return jnp.where(m, x.teacher_logp - x.old_logp, 0.0)
 

@@ -70,7 +70,13 @@ POLICY_LOSSES: dict[str, Callable] = {}
 
 
 def register_policy_loss(name: str):
-  """Decorator: registers a policy loss under `name` (policy_loss's signature and returns)."""
+  """Decorator: registers a policy loss under `name` in POLICY_LOSSES.
+
+  Args:
+    name: the `loss.policy_loss` value that selects it; must not be registered yet.
+  Returns:
+    A decorator that registers fn (policy_loss's signature and returns) and returns it unchanged.
+  """
 
   def deco(fn):
     if name in POLICY_LOSSES:
@@ -82,20 +88,38 @@ def register_policy_loss(name: str):
 
 
 def get_policy_loss(name: str) -> Callable:
+  """The policy loss registered under `name` (ValueError naming the valid ones if none)."""
   if name not in POLICY_LOSSES:
     raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(POLICY_LOSSES)}")
   return POLICY_LOSSES[name]
 
 
 def low_prob_keep(old_logp_br, mask_br, delta):
-  """[B] bool: False for a sample whose minimum old log-prob over its response is below delta."""
+  """Which samples the low-probability mask keeps.
+
+  Args:
+    old_logp_br: [B, R] float32 old log-probs of the response tokens.
+    mask_br: [B, R] response mask, 1 on real response tokens.
+    delta: float threshold (loss.low_prob_delta).
+  Returns:
+    [B] bool: False for a sample whose minimum old log-prob over its response is below delta.
+  """
   m = mask_br > 0
   min_logp = jnp.min(jnp.where(m, old_logp_br, jnp.inf), axis=-1)
   return ~(min_logp < delta)  # samples without response tokens (min = inf) are kept
 
 
 def apply_low_prob_mask(mask_br, old_logp_br, cfg: LossConfig):
-  """Returns (mask_br with low-probability samples zeroed, masked_b bool of the samples removed)."""
+  """The low-probability sample mask (loss.low_prob_mask) applied to the response mask.
+
+  Args:
+    mask_br: [B, R] response mask, 1 on real response tokens.
+    old_logp_br: [B, R] float32 old log-probs of the response tokens.
+    cfg: LossConfig (low_prob_mask, low_prob_delta).
+  Returns:
+    (mask_br, masked_b): [B, R] mask with the low-probability samples zeroed (unchanged when
+    cfg.low_prob_mask is off), and [B] bool, True for the samples with tokens that were removed.
+  """
   had_tokens = jnp.any(mask_br > 0, axis=-1)
   if not cfg.low_prob_mask:
     return mask_br, jnp.zeros_like(had_tokens)
@@ -104,7 +128,17 @@ def apply_low_prob_mask(mask_br, old_logp_br, cfg: LossConfig):
 
 
 def kl_penalty(logp_br, ref_logp_br, mask_br, kl_estimator):
-  """Per-token KL(pi || ref) estimate; zero where masked."""
+  """Per-token KL(pi || ref) estimate; zero where masked.
+
+  Args:
+    logp_br: [B, R] float32 log-probs under the current policy pi.
+    ref_logp_br: [B, R] float32 log-probs under the reference policy.
+    mask_br: [B, R] response mask, 1 on real response tokens.
+    kl_estimator: "k1" (logp - ref), or "k3" / "low_var_kl" (exp(d) - d - 1 with
+      d = ref - logp, clamped to [-10, 10]).
+  Returns:
+    [B, R] float32 per-token estimate.
+  """
   m = mask_br > 0
   if kl_estimator == "k1":
     return jnp.where(m, logp_br - ref_logp_br, 0.0)
@@ -114,8 +148,20 @@ def kl_penalty(logp_br, ref_logp_br, mask_br, kl_estimator):
 
 
 def aggregate(x_br, mask_br, agg, token_denom=None, seq_denom=None):
-  """token_mean: sum(x*m) / token_denom. seq_mean: sum over samples with tokens of their token
-  mean, / seq_denom."""
+  """A per-token quantity reduced to a scalar, as the loss is.
+
+  token_mean: sum(x*m) / token_denom. seq_mean: sum over samples with tokens of their token
+  mean, / seq_denom.
+
+  Args:
+    x_br: [B, R] per-token values.
+    mask_br: [B, R] response mask, 1 on real response tokens.
+    agg: "token_mean" or "seq_mean".
+    token_denom: scalar, the mini-batch's token count; None: the tokens of mask_br.
+    seq_denom: scalar, the mini-batch's count of samples with tokens; None: those of mask_br.
+  Returns:
+    float32 scalar.
+  """
   m = mask_br > 0
   xm = jnp.where(m, x_br, 0.0)
   if agg == "token_mean":
@@ -128,9 +174,17 @@ def aggregate(x_br, mask_br, agg, token_denom=None, seq_denom=None):
 
 
 def shaped_ratio(log_ratio, gamma):
-  """Policy shaping of a ratio: w = rho / (rho + gamma), rho = exp(clip(log_ratio, -20, 20)) (jnp,
-  any shapes that broadcast). Bounded in (0, 1) and never clipped: d w / d log pi =
-  rho gamma / (rho + gamma)^2 keeps a gradient where the ratio is far from 1."""
+  """Policy shaping of a ratio: w = rho / (rho + gamma), rho = exp(clip(log_ratio, -20, 20)).
+
+  Bounded in (0, 1) and never clipped: d w / d log pi = rho gamma / (rho + gamma)^2 keeps a
+  gradient where the ratio is far from 1.
+
+  Args:
+    log_ratio: log pi - log pi_old (jnp, any shape).
+    gamma: the shaping constant (jnp or float, a shape that broadcasts with log_ratio).
+  Returns:
+    w, of the broadcast shape.
+  """
   rho = jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
   return rho / (rho + gamma)
 
@@ -147,15 +201,26 @@ def policy_loss(
   token_denom=None,
   seq_denom=None,
 ):
-  """PPO-clip loss (docs/method.md §5: the clipped surrogate of PPO's Eq. 7 with asymmetric
-  clip and dual clip). `mask_br` is the final response mask (low-prob mask already applied).
+  """PPO-clip policy-gradient loss (docs/method.md §5).
 
-  shaping_gamma_br: None, or a per-token constant gamma >= 0. Where gamma > 0 (tokens sampled
-  under another policy, e.g. docs/methods.md §6) the token's term is -A * shaped_ratio(log_ratio,
-  gamma) instead of the clipped surrogate (no clipping); where it is 0, the clipped surrogate.
+  The clipped surrogate of PPO's Eq. 7 with asymmetric clip and dual clip. Where
+  shaping_gamma_br > 0 (tokens sampled under another policy, e.g. docs/methods.md §6) the token's
+  term is -A * shaped_ratio(log_ratio, gamma) instead of the clipped surrogate (no clipping);
+  where it is 0, the clipped surrogate.
 
-  Returns (policy-gradient loss scalar, metrics dict of scalars). Mean metrics use the same token
-  denominator as the loss (so they add up across micro-batches); `ratio_max` is a max.
+  Args:
+    logp_br: [B, R] float32 log-probs of the response tokens under the current policy.
+    old_logp_br: [B, R] float32 log-probs of the same tokens: the ratio's denominator.
+    adv: [B] or [B, R] float32 advantages.
+    mask_br: [B, R] the final response mask (low-prob mask already applied).
+    cfg: LossConfig (eps_low, eps_high, dual_clip, agg).
+    shaping_gamma_br: None, or [B, R] per-token constant gamma >= 0.
+    token_denom: scalar, the mini-batch's token count; None: the tokens of mask_br.
+    seq_denom: scalar, the mini-batch's count of samples with tokens; None: those of mask_br.
+  Returns:
+    (loss, metrics): the policy-gradient loss scalar and a dict of scalars. Mean metrics use the
+    same token denominator as the loss (so they add up across micro-batches); `ratio_max` is a
+    max.
   """
   m = mask_br > 0
   adv_br = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp_br.shape)

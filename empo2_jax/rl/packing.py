@@ -38,8 +38,14 @@ def pack_turns(
 ) -> list[PackedRow]:
   """Packs the turns of ONE episode, in order, into as few rows as the prefix property allows.
 
-  prompts[t] / responses[t]: token ids of turn t. Turn t joins the current row when prompts[t]
-  starts with the row so far (the previous prompt + response); otherwise it opens a new row.
+  Turn t joins the current row when prompts[t] starts with the row so far (the previous prompt +
+  response); otherwise it opens a new row.
+
+  Args:
+    prompts: T lists of token ids, prompts[t] the prompt of turn t.
+    responses: T lists of token ids, responses[t] the response of turn t.
+  Returns:
+    The packed rows, in turn order; each turn appears in exactly one.
   """
   if len(prompts) != len(responses):
     raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
@@ -49,9 +55,14 @@ def pack_turns(
 def pack_views(prompts: dict, responses: Sequence[Sequence[int]]) -> list[dict]:
   """Joint packing of several prompt views of ONE episode's turns (e.g. with and without tips).
 
-  prompts: {view: [prompt ids of turn t]}. A turn joins the current row only if EVERY view's
-  prompt extends that view's row so far, so all views split the turns into the same rows. Returns
-  one dict per row: {view: PackedRow} (every view's PackedRow has the same turn_ids).
+  A turn joins the current row only if EVERY view's prompt extends that view's row so far, so
+  all views split the turns into the same rows.
+
+  Args:
+    prompts: {view: T lists of token ids}, the prompt of each turn in that view.
+    responses: T lists of token ids, the response of each turn (the same in every view).
+  Returns:
+    One dict per row: {view: PackedRow} (every view's PackedRow has the same turn_ids).
   """
   views = list(prompts)
   rows: list[dict] = []
@@ -93,15 +104,26 @@ def packed_response_logprobs(
   inv_temperature=None,
   layer_grads=None,
 ):
-  """Log-probs [B, T, R] of the R tokens from each span start (one forward per packed row).
+  """Log-probs of the R tokens from each span start (one forward per packed row).
 
-  tokens_bl / attn_bl [B, L]: packed rows (right padding). starts_bt [B, T] int32: the first
-  response position of each packed turn (>= 1). Entry [b, t, j] is log p(tokens[b, s + j] |
-  tokens[b, :s + j]) with s = starts[b, t]; positions past the row end are clamped and must be
-  masked by the caller (the response mask), as must padding turns. Only the B*T*R hidden states
-  that predict response tokens go through the vocabulary projection. inv_temperature [B, T, R]
-  (optional): each token's 1/tau, replacing `temperature` (rl/logprobs.token_logprobs).
-  layer_grads: the layers' gradient accumulator of llama.forward (model/grad_accum.py).
+  Entry [b, t, j] is log p(tokens[b, s + j] | tokens[b, :s + j]) with s = starts[b, t];
+  positions past the row end are clamped and must be masked by the caller (the response mask),
+  as must padding turns. Only the B*T*R hidden states that predict response tokens go through the
+  vocabulary projection.
+
+  Args:
+    params: the model's params (model/llama.py).
+    config: its LlamaConfig.
+    tokens_bl: [B, L] int token ids of the packed rows (right padding).
+    attn_bl: [B, L] attention mask, 1 on real tokens.
+    starts_bt: [B, T] int32 first response position of each packed turn (>= 1).
+    response_len: R.
+    temperature, chunk_size, with_entropy: as rl/logprobs.token_logprobs.
+    inv_temperature: None, or [B, T, R] each token's 1/tau, replacing `temperature`
+      (rl/logprobs.token_logprobs).
+    layer_grads: the layers' gradient accumulator of llama.forward (model/grad_accum.py).
+  Returns:
+    [B, T, R] float32 log-probs, or ([B, T, R], entropy [B, T, R]) with with_entropy=True.
   """
   length = tokens_bl.shape[1]
   hidden = llama.forward(

@@ -26,6 +26,8 @@ MODES = ("greedy", "sample", "filter")  # filter = sample with top-k and/or top-
 
 
 def mode_for(temperature: float, top_p: float, top_k: int) -> str:
+  """The sampling mode (one of MODES) of the settings; ValueError unless temperature >= 0,
+  0 < top_p <= 1 and top_k >= 0."""
   if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
     raise ValueError(
       f"bad sampling settings temperature={temperature} top_p={top_p} "
@@ -37,7 +39,16 @@ def mode_for(temperature: float, top_p: float, top_k: int) -> str:
 
 
 def filter_sorted(x_bv: jax.Array, top_p: jax.Array, top_k: jax.Array):
-  """Top-k then top-p in sorted space. Returns (masked sorted logits [B,V], token order [B,V])."""
+  """Top-k then top-p in sorted space (module docstring).
+
+  Args:
+    x_bv: [B, V] float32 logits already divided by the temperature.
+    top_p: float32 scalar in (0, 1].
+    top_k: int32 scalar; <= 0: no top-k.
+  Returns:
+    (xs, order): [B, V] the logits sorted in descending order with the filtered-out entries
+    -inf, and [B, V] the token id at each sorted position.
+  """
   v = x_bv.shape[-1]
   order = jnp.argsort(-x_bv, axis=-1)  # descending, stable
   xs = jnp.take_along_axis(x_bv, order, axis=-1)
@@ -51,7 +62,19 @@ def filter_sorted(x_bv: jax.Array, top_p: jax.Array, top_k: jax.Array):
 
 
 def choose(logits_bv: jax.Array, keys_b: jax.Array, step, temperature, top_p, top_k, mode: str):
-  """One token per row. keys_b: [B] typed keys (one per row); step folds in the position."""
+  """One token per row, under the sampling distribution of the module docstring.
+
+  Args:
+    logits_bv: [B, V] logits of the next token.
+    keys_b: [B] typed keys (one per row).
+    step: int scalar, folded into each row's key (the position).
+    temperature: float32 scalar (unused when greedy).
+    top_p: float32 scalar (used in "filter" mode).
+    top_k: int32 scalar (used in "filter" mode).
+    mode: one of MODES (mode_for); static.
+  Returns:
+    (tokens [B] int32, logprobs [B] float32 of those tokens under that distribution).
+  """
   logits_bv = logits_bv.astype(jnp.float32)
   if mode == "greedy":
     tok = jnp.argmax(logits_bv, axis=-1)
@@ -72,6 +95,7 @@ def choose(logits_bv: jax.Array, keys_b: jax.Array, step, temperature, top_p, to
 
 
 def logits_from_hidden(params, config: LlamaConfig, hidden_bd: jax.Array) -> jax.Array:
+  """[B, D] final hidden states -> [B, V] float32 logits (computed in config's compute dtype)."""
   w = llama.output_embedding(params, config).astype(config.jnp_compute_dtype)
   return jnp.einsum("bd,dv->bv", hidden_bd.astype(config.jnp_compute_dtype), w).astype(jnp.float32)
 
@@ -81,11 +105,19 @@ def prefill_chunk(
 ):
   """Write one right-padded chunk of new tokens at slots start_b.. of each row.
 
-  tokens/mask [B, C]; start_b [B] = tokens the row already has in cache (also their positions);
-  end_b [B] = index in this chunk of the row's last new token, or -1 if its prompt does not end
-  here: those rows keep their previous final hidden state. rows [B] (optional): the cache rows
-  the chunk's rows extend (the cache may hold more); hidden_bd is then the chunk's rows' state.
-  Returns (cache, hidden [B, D]).
+  Args:
+    params: the model's params (model/llama.py).
+    config: its LlamaConfig.
+    cache: the KV cache (model/llama.py module docstring).
+    hidden_bd: [B, D] each row's current final hidden state; with `rows`, the chunk's rows' state.
+    tokens_bc: [B, C] int32 new tokens, right-padded.
+    mask_bc: [B, C] 1 on the real new tokens.
+    start_b: [B] int32 tokens the row already has in cache (also their positions).
+    end_b: [B] int32 index in this chunk of the row's last new token, or -1 if its prompt does
+      not end here: those rows keep their previous final hidden state.
+    rows: None, or [B] int32 the cache rows the chunk's rows extend (the cache may hold more).
+  Returns:
+    (cache, hidden [B, D]): the updated cache, and each row's final hidden state.
   """
   c = tokens_bc.shape[1]
   positions = start_b[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
@@ -123,11 +155,25 @@ def decode(
 ):
   """Sample up to `max_new` (<= buffer) tokens per active row, stopping rows independently.
 
-  length_b [B]: tokens in the row's cache (the prompt); hidden_bd: final hidden state of each
-  row's last prompt token. A sampled token is fed back (written to the cache) only when the row
-  continues, so on return a row's cache holds prompt + tokens[:-1].
-  stop_ids [N] int32 (-1 entries never match). Returns (cache, tokens [B, buffer] (-1 past the
-  end), logprobs [B, buffer], counts [B], length_b).
+  A sampled token is fed back (written to the cache) only when the row continues, so on return a
+  row's cache holds prompt + tokens[:-1]. A row stops at a stop id or after max_new tokens.
+
+  Args:
+    params: the model's params (model/llama.py).
+    config: its LlamaConfig.
+    cache: the KV cache (model/llama.py module docstring).
+    hidden_bd: [B, D] final hidden state of each row's last prompt token.
+    length_b: [B] int32 tokens in the row's cache (the prompt).
+    active_b: [B] bool; inactive rows sample nothing.
+    keys_b: [B] typed keys (one per row).
+    temperature, top_p, top_k: scalars, as `choose`.
+    stop_ids: [N] int32 (-1 entries never match).
+    max_new: int32 scalar, <= buffer.
+    mode: one of MODES; static.
+    buffer: the output width; static.
+  Returns:
+    (cache, tokens [B, buffer] int32 (-1 past the end), logprobs [B, buffer] float32,
+    counts [B] int32 tokens sampled, length_b [B] int32 tokens now in each row's cache).
   """
   b = hidden_bd.shape[0]
 
