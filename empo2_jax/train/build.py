@@ -54,15 +54,15 @@ def check_config(c) -> None:
       "shape so far), fit (the smallest buckets each iteration), max (the largest the config "
       "allows, from the first iteration)"
     )
-  from empo2_jax.rl.advantages import ESTIMATORS
+  from empo2_jax.rl.advantages import EPISODE_STATS, ESTIMATORS
 
   if c.advantage.estimator not in ESTIMATORS:
     raise ConfigError(
       f"advantage.estimator={c.advantage.estimator!r}; valid: {', '.join(ESTIMATORS)}"
     )
-  if c.advantage.episode_stats not in ("trajectory", "steps"):
+  if c.advantage.episode_stats not in EPISODE_STATS:
     raise ConfigError(
-      f"advantage.episode_stats={c.advantage.episode_stats!r}; valid: trajectory, steps"
+      f"advantage.episode_stats={c.advantage.episode_stats!r}; valid: {', '.join(EPISODE_STATS)}"
     )
   env_suite = suite(c)  # an unknown env.name names the valid ones
   if c.env.workers < 0:
