@@ -150,18 +150,38 @@ class Actor:
       return f"{ep.note.strip()}\n\n{text}" if ep.note.strip() else text
     return self.prompts.step_user_message(observation, tips)
 
-  def chats_with_tips(self, ep: Episode, tips_per_step: Sequence[Sequence[str]]) -> list:
-    """Each turn's chat as it would read with tips_per_step[j] shown in its j-th user message
-    (the teacher views of methods/ctx_distill.py and methods/opid.py): [chat of turn k, ...],
-    each the turn's messages with every user message rebuilt from its observation."""
+  def chats_with_tips(
+    self,
+    ep: Episode,
+    tips_per_step: Sequence[Sequence[str]],
+    turns: Optional[Sequence[int]] = None,
+  ) -> list:
+    """Turn chats as they would read with tips_per_step[j] shown in the j-th user message (the
+    teacher views of methods/ctx_distill.py and methods/opid.py).
+
+    Args:
+      ep: a finished episode.
+      tips_per_step: the tips of each step's user message (missing steps: none).
+      turns: the turn indices to return (None: every turn).
+    Returns:
+      [chat of turn k for k in turns]: the turn's messages with every user message rebuilt from
+      its observation. A user message is built once and shared by the chats that hold it."""
+    users: list[dict] = []  # the j-th rebuilt user message
+
+    def user(j: int) -> dict:
+      while len(users) <= j:
+        k = len(users)
+        tips = tips_per_step[k] if k < len(tips_per_step) else ()
+        text = self._user_text(ep, k == 0, ep.observations[k], tips)
+        users.append({"role": "user", "content": text})
+      return users[j]
+
     out = []
-    for turn in ep.turns:
+    for k in range(len(ep.turns)) if turns is None else turns:
       chat, j = [], 0
-      for m in turn.messages:
+      for m in ep.turns[k].messages:
         if m["role"] == "user":
-          tips = tips_per_step[j] if j < len(tips_per_step) else ()
-          m = {"role": "user", "content": self._user_text(ep, j == 0, ep.observations[j], tips)}
-          j += 1
+          m, j = user(j), j + 1
         chat.append(m)
       out.append(chat)
     return out

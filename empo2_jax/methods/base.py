@@ -41,7 +41,7 @@ class RolloutContext:
   rollout(specs, *, notes, temperature, rng) -> Rollout: episodes of the current policy without
   memory (mode 'on') on specs [(task, variation, group_id)], each opening with its note.
   seed: the run's seed. score_out_of: the env's full score (prompts.score_out_of).
-  chats_with_tips(episode, tips_per_step) -> each turn's chat with those tips shown
+  chats_with_tips(episode, tips_per_step, turns=None) -> the turns' chats with those tips shown
   (agent/actor.Actor.chats_with_tips: the teacher views of the loss terms)."""
 
   rollout: Callable
@@ -60,7 +60,7 @@ def set_teacher_chats(ctx: RolloutContext, episode, tips_by_turn) -> int:
       continue
     tips = [[] for _ in range(steps)]
     tips[k] = list(tips_by_turn[k])
-    turn.teacher_messages = ctx.chats_with_tips(episode, tips)[k]
+    (turn.teacher_messages,) = ctx.chats_with_tips(episode, tips, turns=[k])
     n += 1
   return n
 

@@ -132,3 +132,32 @@ def test_actor_settings_reject_unknown_key_switches():
     ActorSettings(memory_key_text="release")
   with pytest.raises(ValueError, match="memory_key='last'.*step, final"):
     ActorSettings(memory_key="last")
+
+
+def test_teacher_chats_show_the_turns_tips_in_its_last_user_message_only():
+  """methods.set_teacher_chats through Actor.chats_with_tips: turn k's teacher chat is its own
+  chat with tips_by_turn[k] in its last user message, the earlier user messages rebuilt without
+  tips, the assistant messages unchanged; a turn without tips gets none."""
+  import types
+
+  from empo2_jax.methods.base import RolloutContext, set_teacher_chats
+
+  actor = Actor(None, load_tokenizer(), {(TASK, 1): _material()}, prompt_set=SCIENCEWORLD)
+  ep = Episode(TASK, 1, 0, 0, "on", False)
+  ep.observations = [f"observation {j}" for j in range(3)]
+  chat = []
+  for j in range(3):
+    chat.append({"role": "user", "content": actor._user_text(ep, j == 0, ep.observations[j], ())})
+    ep.turns.append(types.SimpleNamespace(messages=list(chat), teacher_messages=None))
+    chat.append({"role": "assistant", "content": f"action {j}"})
+  ctx = RolloutContext(rollout=None, seed=0, score_out_of=100.0,
+                               chats_with_tips=actor.chats_with_tips)  # fmt: skip
+  assert set_teacher_chats(ctx, ep, [["tip A"], [], ["tip C"]]) == 2
+  assert ep.turns[1].teacher_messages is None
+  for k, tip in ((0, "tip A"), (2, "tip C")):
+    got = ep.turns[k].teacher_messages
+    assert [m["role"] for m in got] == [m["role"] for m in ep.turns[k].messages]
+    assert tip in got[-1]["content"] and ep.observations[k] in got[-1]["content"]
+    assert got[:-1] == ep.turns[k].messages[:-1]  # tip-free before, as sampled
+    want = actor.chats_with_tips(ep, [[]] * k + [[tip]])[k]  # every turn built, then turn k
+    assert got == want
