@@ -331,7 +331,9 @@ class Actor:
         results = self.pool.step([env_texts.get(i) for i in range(len(episodes))])
       for i in live:
         r_int = self._intrinsic(episodes[i].retrieved[-1], use_memory)
-        obs[i] = _record(episodes[i], obs[i], texts[i], out[i], results[i], step, r_int)
+        obs[i] = _record(
+          episodes[i], obs[i], texts[i], out[i], results[i], step, r_int, self.settings.records
+        )
     for e in episodes:
       for t in e.turns:
         t.episode_return = e.episode_return
@@ -339,7 +341,7 @@ class Actor:
   def _reset(self, episodes: list[Episode]) -> list[str]:
     """Every episode's first observation (its env reset)."""
     with self._timed("env"):
-      return reset_episodes(self.pool, episodes)
+      return reset_episodes(self.pool, episodes, self.settings.records)
 
   def _retrieve(self, episodes, keys, use_memory: bool, fallback: bool) -> list[list[str]]:
     """The tips each episode is shown at this step (none without memory)."""
@@ -470,7 +472,9 @@ def _step_counts(episodes: Sequence[Episode], use_memory: bool) -> dict:
   }
 
 
-def _record(e: Episode, obs: str, text: str, sampled, res, step: int, r_int: float) -> str:
+def _record(
+  e: Episode, obs: str, text: str, sampled, res, step: int, r_int: float, records=()
+) -> str:
   """Step `step` of `e` (observation `obs`, response `text`, the sampler's (ids, log-probs[,
   per-token temperatures]), the env's result) as a Turn and in the episode; the next
   observation."""
@@ -494,7 +498,7 @@ def _record(e: Episode, obs: str, text: str, sampled, res, step: int, r_int: flo
       token_temps=None if token_temps is None else [float(x) for x in token_temps],
     )
   )
-  return apply_step(e, obs, text, res)
+  return apply_step(e, obs, text, res, records)
 
 
 __all__ = ["Actor", "ActorSettings", "Episode", "Memory", "Rollout"]

@@ -11,11 +11,16 @@ the two moves every rollout loop makes on an episode (the actor's and baselines/
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 from empo2_jax.memory.reflect import TIP_CHATS  # memory/reflect.reflection_chat
 from empo2_jax.memory.rule_tip import check_reflector
 
 MEMORY_KEYS = ("step", "final")
+# What a method may ask the actor to record in Episode.extras (methods/base.Plugin.episode_records):
+# "states", the env's bare state before each turn and after the last (ResetInfo/StepInfo.state,
+# else the observation): SPA's world-model targets (methods/spa.py).
+RECORDS = ("states",)
 MEMORY_KEY_TEXTS = ("recent", "chat")
 
 
@@ -35,10 +40,13 @@ class ActorSettings:
   key_chars: int = 1200  # key length in characters when there is no encoder to count pieces
   cache_dtype: str = "bfloat16"
   reflector: str = "policy"  # or "rule": who writes the tip (memory/rule_tip.py)
+  records: tuple = ()  # what the active methods ask to be recorded in Episode.extras (RECORDS)
 
   def __post_init__(self):
     # The only check of the empo2 keys below (train/build.check_config builds this object).
     check_reflector(self.reflector)
+    if set(self.records) - set(RECORDS):
+      raise ValueError(f"records={self.records!r}; valid: {', '.join(RECORDS)}")
     if self.memory_key not in MEMORY_KEYS:
       raise ValueError(
         f"empo2.memory_key={self.memory_key!r}; valid: {', '.join(MEMORY_KEYS)} (the release "
@@ -79,9 +87,8 @@ class Episode:
   tip: str = ""
   final_observation: str = ""  # what the agent saw after its last action
   note: str = ""  # text opening the first user message (Actor.rollout's notes: Reflexion)
-  # The env's bare state before each turn and after the last (ResetInfo/StepInfo.state, else the
-  # observation): SPA's world-model targets (methods/spa.py).
-  states: list = dataclasses.field(default_factory=list)
+  # What the active methods asked to be recorded (ActorSettings.records; RECORDS), by name
+  extras: dict = dataclasses.field(default_factory=dict)
   truncated: bool = False  # ended by the step limit (HeRL's hindsight says so)
   goals: str = ""  # the env's goal progress at the end (StepInfo.goals; HeRL's unmet goals)
 
@@ -90,20 +97,22 @@ class Episode:
     return float(self.score)
 
 
-def reset_episodes(pool, episodes: list[Episode]) -> list[str]:
+def reset_episodes(pool, episodes: list[Episode], records: Sequence[str] = ()) -> list[str]:
   """Resets every episode's env (envs/pool.EnvPool.reset); an env that failed to reset ends its
-  episode at once. The first observations, in order."""
+  episode at once; `records` (RECORDS) go into each episode's extras. The first observations, in
+  order."""
   resets = pool.reset([(e.task, e.variation) for e in episodes])
   for e, r in zip(episodes, resets):
     e.env_failed = e.done = bool(r.info.env_failed)
-    e.states.append(r.info.state or r.observation)
+    if "states" in records:
+      e.extras.setdefault("states", []).append(r.info.state or r.observation)
   return [r.observation for r in resets]
 
 
-def apply_step(e: Episode, obs: str, text: str, res) -> str:
+def apply_step(e: Episode, obs: str, text: str, res, records: Sequence[str] = ()) -> str:
   """The env's result `res` (envs/base.StepResult) of the response `text` to observation `obs`,
   into `e`: the chat, the executed action, the key transcript, score and success, the end flags,
-  the env state and goal progress. The next observation."""
+  the goal progress, and `records` (RECORDS) into its extras. The next observation."""
   e.messages.append({"role": "assistant", "content": text})
   e.executed.append(res.info.executed_action)
   e.key_lines += [f"observation: {obs.strip()}", f"action: {res.info.executed_action}"]
@@ -111,7 +120,8 @@ def apply_step(e: Episode, obs: str, text: str, res) -> str:
   e.env_failed = e.env_failed or res.info.env_failed
   e.done = bool(res.done) or res.info.truncated or e.env_failed
   e.final_observation = res.observation
-  e.states.append(res.info.state or res.observation)
+  if "states" in records:
+    e.extras.setdefault("states", []).append(res.info.state or res.observation)
   e.truncated = bool(res.info.truncated)
   e.goals = getattr(res.info, "goals", "")
   return res.observation

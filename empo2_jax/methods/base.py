@@ -77,6 +77,9 @@ class Plugin:
   sampler_logprobs: ClassVar[bool] = True
   # Methods that each rewrite the episode's text or turns (SGE, HeRL, SPA): at most one is on.
   exclusive: ClassVar[bool] = False
+  # What the actor records in each episode's extras for the method (agent/episode.RECORDS; SPA:
+  # "states"); nothing is recorded that no active method asks for.
+  episode_records: ClassVar[tuple] = ()
 
   # -- config (class-level: no instance exists yet) ---------------------------------------------
   @classmethod
@@ -281,6 +284,12 @@ def response_tokens(c) -> int:
   return int(c.rollout.max_new_tokens) + sum(int(p.extra_response_tokens(c)) for p in active(c))
 
 
+def episode_records(c) -> tuple:
+  """What the active methods ask the actor to record in Episode.extras (Plugin.episode_records),
+  sorted."""
+  return tuple(sorted({r for p in active(c) for r in p.episode_records}))
+
+
 def sampler_logprobs_blockers(c) -> list[str]:
   """The active methods whose trained tokens the sampler drew otherwise (Plugin.sampler_logprobs
   False): while any is on, the sampler's log-probs cannot serve as old ones (train/settings.py)."""
@@ -376,6 +385,7 @@ __all__ = [
   "check",
   "active",
   "response_tokens",
+  "episode_records",
   "sampler_logprobs_blockers",
   "Hooks",
 ]

@@ -155,6 +155,7 @@ class SPA(Plugin):
   name, section = "spa", SECTION
   sampler_logprobs = False
   exclusive = True
+  episode_records = ("states",)  # the world-model targets (train/spa_run.to_chats)
 
   @classmethod
   def check(cls, c) -> None:

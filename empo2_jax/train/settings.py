@@ -108,6 +108,7 @@ def actor_settings(c) -> ActorSettings:
     tip_chat=c.empo2.tip_chat,
     cache_dtype=c.rollout.cache_dtype,
     reflector=c.empo2.reflector,
+    records=methods.episode_records(c),
   )
 
 

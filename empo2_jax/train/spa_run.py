@@ -44,7 +44,7 @@ def collect(trainer, c) -> list:
 def to_chats(episodes) -> list:
   from empo2_jax.methods import spa
 
-  cut = [spa.valid_prefix(e.messages, e.states, e.executed) for e in episodes]
+  cut = [spa.valid_prefix(e.messages, e.extras["states"], e.executed) for e in episodes]
   return [spa.episode_chat(*x) for x in cut if x is not None]
 
 

@@ -27,13 +27,16 @@ def _episodes(n):
 def test_reset_ends_failed_episodes_and_records_states():
   eps = _episodes(3)
   pool = _Pool([False, True, False])
-  obs = reset_episodes(pool, eps)
+  obs = reset_episodes(pool, eps, records=("states",))
   assert pool.seen == [("find", 0), ("find", 1), ("find", 2)]
   assert obs == ["room 0", "room 1", "room 2"]
   assert [e.done for e in eps] == [False, True, False]
   assert [e.env_failed for e in eps] == [False, True, False]
   # the state rendering where the env has one, else the observation
-  assert [e.states for e in eps] == [["room 0"], ["grid 1"], ["room 2"]]
+  assert [e.extras["states"] for e in eps] == [["room 0"], ["grid 1"], ["room 2"]]
+  plain = _episodes(1)
+  reset_episodes(_Pool([False]), plain)  # no method asked: nothing recorded
+  assert plain[0].extras == {}
 
 
 def _result(obs, score, *, done=False, truncated=False, failed=False, success=False):
@@ -53,7 +56,7 @@ def _result(obs, score, *, done=False, truncated=False, failed=False, success=Fa
 def test_apply_step_records_the_env_answer():
   (e,) = _episodes(1)
   e.messages.append({"role": "user", "content": "room 0"})
-  nxt = apply_step(e, " room 0 ", "go kitchen", _result("kitchen", 25.0))
+  nxt = apply_step(e, " room 0 ", "go kitchen", _result("kitchen", 25.0), records=("states",))
   assert nxt == "kitchen"
   assert e.messages[-1] == {"role": "assistant", "content": "go kitchen"}
   assert e.executed == ["go to kitchen"]
@@ -65,7 +68,11 @@ def test_apply_step_records_the_env_answer():
     False,
     False,
   )
-  assert e.final_observation == "kitchen" and e.states == ["kitchen"] and e.goals == "1/2 goals"
+  assert (
+    e.final_observation == "kitchen"
+    and e.extras["states"] == ["kitchen"]
+    and e.goals == "1/2 goals"
+  )
 
   apply_step(e, "kitchen", "look", _result("done", 100.0, done=True, success=True))
   assert (e.score, e.success, e.done) == (100.0, True, True)

@@ -58,12 +58,12 @@ def test_stage_a_episodes_hold_the_true_states(tmp_path):
   env = _local_env(c)
   for e in episodes:
     assert e.messages[0]["content"].startswith(spa.WM_INSTRUCTION)
-    assert len(e.states) == len(e.turns) + 1
-    assert e.states[0] == env.reset(e.task, e.variation).info.state
+    assert len(e.extras["states"]) == len(e.turns) + 1
+    assert e.extras["states"][0] == env.reset(e.task, e.variation).info.state
     for t, turn in enumerate(e.turns):  # the env read the answer span of the raw response
       res = env.step(spa.action_text(turn.response))
-      assert e.states[t + 1] == res.info.state
-      assert "You have" not in e.states[t + 1]  # the bare state, not the observation
+      assert e.extras["states"][t + 1] == res.info.state
+      assert "You have" not in e.extras["states"][t + 1]  # the bare state, not the observation
 
 
 def _gold_chats(c, n):

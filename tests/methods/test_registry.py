@@ -135,3 +135,15 @@ def test_table1_training_runs_expand_through_launch_sweep(tmp_path):
     f"{m}_{t}" for t in ("find-animal", "power-component") for m in ("grpo", "gigpo", "empo2")
   ]
   assert runs[0]["overrides"]["train.save_episodes"] is True
+
+
+def test_only_an_active_method_that_asks_gets_episode_records():
+  """Plugin.episode_records reaches the actor's settings: SPA's env states are recorded in its
+  runs only (agent/episode.RECORDS)."""
+  from configs import frozenlake
+  from empo2_jax.train import settings
+
+  c = frozenlake.get_config("tiny")
+  assert methods.episode_records(c) == () and settings.actor_settings(c).records == ()
+  methods.apply(c, "spa")
+  assert settings.actor_settings(c).records == ("states",)
