@@ -29,9 +29,8 @@ def get_config(arg=None):
   c.env.num_products = 0  # 0 = every product record
   c.env.num_test = 500  # test = the first 500 goals after the seed-233 shuffle, train = the rest
   c.env.num_dev = 0
-  c.env.num_train_variations = (
-    0  # all train goals; the trainer walks them variations_per_iter at a time
-  )
+  # 0: all train goals; the trainer walks them variations_per_iter at a time
+  c.env.num_train_variations = 0
   c.env.num_test_variations = 128  # verl-agent validates on 128 test goals
   c.env.max_steps = 15
   c.env.reward_mode = "score"  # return = Table 2 score (100 x reward); "verl": 10 on a perfect buy

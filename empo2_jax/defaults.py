@@ -65,7 +65,7 @@ def get_config(arg=None):
     java_tool_options=DEFAULT_JAVA_OPTIONS,
   )  # see envs/scienceworld/env.py
 
-  # One iteration: variations_per_iter task rows x group_size rollouts (docs/method.md §1).
+  # One iteration: variations_per_iter variations x group_size rollouts (docs/method.md §1).
   c.rollout = dict(
     variations_per_iter=16,
     group_size=8,

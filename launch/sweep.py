@@ -29,7 +29,7 @@ import sys
 from etils import epath
 
 from empo2_jax.defaults import load_module
-from empo2_jax import cli, preflight
+from empo2_jax import cli, config_keys, preflight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "launch", "train.py")
@@ -42,7 +42,8 @@ def script_for(method) -> str:
     return TRAIN
   from empo2_jax import methods
 
-  for part in " ".join(methods.get(method).commands[:1]).split():
+  (first, *_) = cli.command_lines(methods.get(method), "CONFIG", "WORKDIR")
+  for part in first.split():
     if part.startswith("launch/") and part.endswith(".py"):
       return os.path.join(ROOT, part)
   return TRAIN
@@ -74,6 +75,10 @@ def check_overrides(config, overrides: dict, where: str) -> None:
     node, parts = config, key.split(".")
     for i, part in enumerate(parts):
       keys = list(node.keys()) if hasattr(node, "keys") else []
+      if part not in keys and key in config_keys.RENAMED:
+        raise SystemExit(
+          f"error: sweep {where} sets {key!r}: renamed, set {config_keys.RENAMED[key]!r}"
+        )
       if part not in keys:
         raise SystemExit(
           f"error: sweep {where} sets {key!r}: config.{'.'.join(parts[:i]) or ''} "

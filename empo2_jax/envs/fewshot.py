@@ -39,8 +39,8 @@ def few_shot_variation_order(env: SciWorldEnv, task: str) -> list[int]:
   example is not the very episode being trained on), then the training variations from the last
   one back."""
   train = env.variations(task, "train")
-  n_rows = env.config.num_train_variations
-  return train[n_rows:] + train[:n_rows][::-1]
+  n_used = env.config.num_train_variations
+  return train[n_used:] + train[:n_used][::-1]
 
 
 def replay_gold(env: SciWorldEnv, task: str, variation: int) -> GoldTrajectory:

@@ -73,7 +73,7 @@ class PuzzleConfig:
     for split, (_, count) in zip(("train", "dev", "test"), (TRAIN_SEEDS, DEV_SEEDS, TEST_SEEDS)):
       n = self.num_variations(split)
       if not 0 <= n <= count:
-        raise ValueError(f"num_{split}_rows={n} must be in 0..{count}")
+        raise ValueError(f"num_{split}_variations={n} must be in 0..{count}")
 
   def num_variations(self, split: Split) -> int:
     check_split(split)

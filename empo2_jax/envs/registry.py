@@ -15,9 +15,10 @@ What an EnvSuite holds:
   worker        env config -> a picklable `base.WorkerFactory`: `start()` runs in each pool worker
                 process and returns a host whose `new_env()` makes one `base.TextEnv` per slot
                 (ScienceWorld: one JVM per worker, pid reported so the pool can kill it)
-  local_env     env config -> an in-process TextEnv that also has `variations(task, split)` (the
-                variations used for train/test) and `close()`; it replays gold trajectories,
-                so it has no agent step limit
+  local_env     env config -> an in-process TextEnv that also has `variations(task, split)` (all
+                of a split), `used_variations(task, split)` (the first num_<split>_variations,
+                what a run uses) and `close()`; it replays gold trajectories, so it has no agent
+                step limit
   materials     (local env, task, variations, n_few_shot) -> {(task, variation): material}, the
                 material being whatever `prompts.first_user_message` reads; it must have a
                 `task_description` (the memory keys start with it)

@@ -53,6 +53,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from empo2_jax import config_keys
 from empo2_jax.memory.store import MemoryStore
 
 log = logging.getLogger("empo2_jax")
@@ -394,6 +395,7 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   if rewrite_metrics:
     rewrite_records(trainer.workdir, meta.get("metrics", []))
   now, then = _flatten(json.loads(trainer.config.to_json())), _flatten(meta.get("config", {}))
+  then = {config_keys.RENAMED.get(k, k): v for k, v in then.items()}  # an older run's key names
   changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
   if changed:
     log.warning(

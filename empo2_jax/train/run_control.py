@@ -106,6 +106,7 @@ def run_loop(trainer, total: int) -> list[dict]:
         except OSError as e:  # disk full: stop, naming the checkpoint a rerun resumes from
           what = f"the metrics and episodes of iteration {trainer.iteration}"
           raise faults.write_error(trainer, what, e) from e
+      del result  # its host batch and episodes go before the next iteration builds its own
       history.append(m)
       stop = trainer.stop_signal.requested()  # multi-host: every host the same answer
       if stop or last or (every_ckpt and trainer.iteration % every_ckpt == 0):

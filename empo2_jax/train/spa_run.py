@@ -23,8 +23,10 @@ def collect(trainer, c) -> list:
 
   episodes = []
   for k in range(c.spa.collect_iterations):
-    rows = trainer.variations_for_iteration()
-    specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
+    variations = trainer.variations_for_iteration()
+    specs = [
+      (c.env.task, v, g) for g, v in enumerate(variations) for _ in range(c.rollout.group_size)
+    ]
     rollout = trainer.actor.rollout(
       trainer.sampling_params(),
       trainer.model_config,

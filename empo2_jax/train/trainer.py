@@ -222,7 +222,7 @@ class Trainer:
     return ckpt_lib.save_trainer(self.checkpointer, self, wait=wait)
 
   def variations_for_iteration(self) -> list[int]:
-    """variations_per_iter train rows, walking a per-epoch permutation of the training rows."""
+    """variations_per_iter training variations, walking a per-epoch permutation of them."""
     n, out = len(self.train_variations), []
     for _ in range(self.config.rollout.variations_per_iter):
       epoch, pos = divmod(self.variation_cursor, n)
@@ -282,9 +282,9 @@ class Trainer:
     k_mode, k_roll = jax.random.split(jax.random.fold_in(self.rng, it))
     mode = self._mode(k_mode)
     t0 = time.perf_counter()
-    rows = self.variations_for_iteration()
+    variations = self.variations_for_iteration()
     with self.phase_peaks.phase("rollout"):
-      rollout = self.rollout(rows, mode, k_roll)
+      rollout = self.rollout(variations, mode, k_roll)
     with self.phase_peaks.phase("reflect"):
       rollout_stats = {**rollout.stats, **self.reflect(rollout)}
     with self.phase_peaks.phase("explore"):
@@ -309,7 +309,9 @@ class Trainer:
     with self.phase_peaks.phase("update"):
       upd, per_sample = self.update(mode, batch, layout, bstats["n_samples"])
     timing["time/update"] = time.perf_counter() - t0
-    info = dict(update=upd, batch=bstats, rollout=rollout_stats, timing=timing, env_rows=rows)
+    info = dict(
+      update=upd, batch=bstats, rollout=rollout_stats, timing=timing, variations=variations
+    )
     self._stop_if_nonfinite(mode, upd, info, advantages, batch)
 
     metrics = view_metrics.iteration_metrics(
@@ -333,12 +335,14 @@ class Trainer:
       per_sample=per_sample,
     )
 
-  def rollout(self, rows: list[int], mode: str, key) -> Rollout:
+  def rollout(self, variations: list[int], mode: str, key) -> Rollout:
     """rollout.group_size episodes of each row (one GRPO group a row), with memory tips unless
     the mode is "on" (docs/method.md §1) or a method says otherwise (Plugin.memory_view).
     Multi-host: every host steps its share of the episodes; all get every episode back."""
     c = self.config
-    specs = [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.rollout.group_size)]
+    specs = [
+      (c.env.task, v, g) for g, v in enumerate(variations) for _ in range(c.rollout.group_size)
+    ]
     view = self.hooks.memory_view(mode)  # "shown", "shadow" (retrieved, not shown) or "none"
     return self.actor.rollout(
       self.sampling_params(),
@@ -454,8 +458,8 @@ class Trainer:
     raise faults.nonfinite_error(self, self.iteration + 1, mode, bad, info, batch, lead)
 
   def eval_episodes(self, with_memory: bool = False) -> list:
-    """The test rows' episodes of the current policy (train/evaluate.Evaluator), drawn with the
-    iteration's evaluation key."""
+    """The test variations' episodes of the current policy (train/evaluate.Evaluator), drawn
+    with the iteration's evaluation key."""
     rng = jax.random.fold_in(self.rng, 10_000_000 + self.iteration)
     return self.evaluator.episodes(self.sampling_params(), rng, self.test_variations, with_memory)
 

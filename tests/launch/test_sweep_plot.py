@@ -188,3 +188,13 @@ def test_real_tiny2_sweep_then_plot(tmp_path):
   )
   data = (out / "comparison.png").read_bytes()
   assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, len(data)
+
+
+def test_a_method_without_its_own_script_sweeps_with_the_standard_one():
+  """launch/sweep.script_for: a training method runs launch/train.py, an evaluation-only one
+  (naive, reflexion) launch/eval.py, a method with its own script (SPA) that script."""
+
+  assert sweep.script_for("grpo").endswith("launch/train.py")
+  assert sweep.script_for("naive").endswith("launch/eval.py")
+  assert sweep.script_for("reflexion").endswith("launch/eval.py")
+  assert sweep.script_for("spa").endswith("launch/spa.py")

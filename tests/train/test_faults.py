@@ -274,7 +274,7 @@ def test_nonfinite_error_message_and_debug_files(tmp_path):
   ckpt_lib.save_trainer(t.checkpointer, t)  # in flight when the error is built
   batch = {"cur_tokens": np.arange(6, dtype=np.int32).reshape(2, 3), "adv": np.ones(2, np.float32)}
   bad = {"loss/pg_loss": float("nan"), "loss/grad_norm": float("inf")}
-  info = {"update": dict(bad, optim_steps=1.0), "env_rows": [3, 1]}
+  info = {"update": dict(bad, optim_steps=1.0), "variations": [3, 1]}
   err = faults.nonfinite_error(t, 6, "on_tips", bad, info, batch, lead=True)
   msg = str(err)
   assert "iteration 6 (mode=on_tips)" in msg and "loss/pg_loss=nan" in msg, msg
@@ -288,7 +288,7 @@ def test_nonfinite_error_message_and_debug_files(tmp_path):
     np.testing.assert_array_equal(z["cur_tokens"], batch["cur_tokens"])
   saved = json.loads((where / "info.json").read_text())
   assert saved["iteration"] == 6 and saved["mode"] == "on_tips" and saved["checkpoint"] == 4
-  assert saved["nonfinite"] == sorted(bad) and saved["env_rows"] == [3, 1]
+  assert saved["nonfinite"] == sorted(bad) and saved["variations"] == [3, 1]
   assert json.loads((where / "config.json").read_text())["env"]["task"] == t.config.env.task
   t.checkpointer.close()
 

@@ -118,7 +118,7 @@ class SciWorldConfig:
     ("boil", 100),
     ("grow-fruit", 60),
   )
-  num_train_variations: int = 5  # first train variations used as training rows
+  num_train_variations: int = 5  # the first train variations a run trains on
   num_dev_variations: int = 20
   num_test_variations: int = 20  # first test variations used for evaluation
   success_score: int = 70  # success = done and score > success_score

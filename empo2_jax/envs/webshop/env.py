@@ -64,7 +64,7 @@ class WebShopConfig:
   num_products: int | None = None  # only the first N product records, like the original's option
   num_test: int = 500  # test = goals [0, num_test) after the seed-233 shuffle
   num_dev: int = 0  # dev = the next num_dev goals; train = the rest
-  num_train_variations: int = 0  # rows(): the first N goals of each split; 0 = all of them
+  num_train_variations: int = 0  # used_variations(): the first N goals; 0 = all
   num_dev_variations: int = 0
   num_test_variations: int = 0
   max_steps: int = 15
