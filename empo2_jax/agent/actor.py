@@ -49,7 +49,7 @@ import contextlib
 import dataclasses
 import itertools
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 
@@ -206,14 +206,14 @@ class Actor:
     model_config,
     specs: Sequence[tuple[str, int, int]],
     *,
-    use_memory: bool,
+    use_memory: Union[bool, Sequence[bool]],
     temperature: float,
     rng: jax.Array,
     mode: str = "on",
     notes: Optional[Sequence[str]] = None,
     sampler=None,
     memory_fallback: bool = False,
-    shadow_memory: bool = False,
+    shadow_memory: Union[bool, Sequence[bool]] = False,
   ) -> Rollout:
     """specs: (task, variation, group_id) per episode. The finished episodes are in spec order.
 
@@ -227,17 +227,22 @@ class Actor:
     shadow_memory (with use_memory False): "shadow retrieval", the tips a memory step would show
     are retrieved at every step and kept in Episode.shadow_tips, but not shown to the sampler
     (no intrinsic reward either: nothing was shown).
+    use_memory and shadow_memory are one flag for every episode or one per spec (a group that
+    mixes both kinds of rollout: ctx_distill's EDGE gate); an episode has at most one of them.
 
     Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
     steps only its share (`hosts.host_share`) in its own pool, with `params` on its own devices
     (`hosts.sampling_params`). Every process gets all episodes, and the stats' counters summed
     over hosts. Episode i samples with keys folded from i, whichever host runs it.
     """
-    if (use_memory or shadow_memory) and self.memory is None:
+    shown = _per_spec(use_memory, len(specs), "use_memory")
+    shadow = _per_spec(shadow_memory, len(specs), "shadow_memory")
+    if (any(shown) or any(shadow)) and self.memory is None:
       raise ValueError("use_memory=True or shadow_memory=True needs an Actor built with a Memory")
-    if use_memory and shadow_memory:
+    if any(a and b for a, b in zip(shown, shadow)):
       raise ValueError(
-        "shadow_memory retrieves tips without showing them: use_memory must be False"
+        "shadow_memory retrieves tips without showing them: an episode with it needs "
+        "use_memory False"
       )
     missing = sorted({(t, int(v)) for t, v, _ in specs} - set(self.materials))
     if missing:
@@ -247,8 +252,10 @@ class Actor:
     share = hosts.host_share(len(specs))
     k_steps, k_tips = jax.random.split(rng)
     own = [
-      Episode(specs[i][0], int(specs[i][1]), int(specs[i][2]), i, mode, use_memory) for i in share
+      Episode(specs[i][0], int(specs[i][1]), int(specs[i][2]), i, mode, shown[i]) for i in share
     ]
+    for e in own:
+      e.shadow_memory = shadow[e.rollout_id]
     for e in own:
       e.note = str(notes[e.rollout_id]) if notes is not None else ""
     out = Rollout([], {}, own, [ChatTokens(self.tok) for _ in own], tip_key=k_tips)
@@ -264,10 +271,8 @@ class Actor:
         mesh=self.mesh,
         engine=engine,
       )
-      self._run_episodes(
-        out, use_memory, temperature, k_steps, sampler, memory_fallback, shadow_memory
-      )
-    stats = _step_counts(own, use_memory)
+      self._run_episodes(out, temperature, k_steps, sampler, memory_fallback)
+    stats = _step_counts(own)
     stats.update({k: int(out.session.stats[k]) if own else 0 for k in SESSION_COUNTERS})
     # Wall-clock phases of this host's rollout (time/rollout_*): sampling (prefill + decode of
     # actions), env (resets and steps in the pool), tokenize (chat -> ids), retrieval (memory keys
@@ -278,17 +283,11 @@ class Actor:
     return out
 
   def _run_episodes(
-    self,
-    run: Rollout,
-    use_memory: bool,
-    temperature: float,
-    rng,
-    sampler,
-    memory_fallback: bool,
-    shadow_memory: bool = False,
+    self, run: Rollout, temperature: float, rng, sampler, memory_fallback: bool
   ) -> None:
     """Steps this host's episodes to their ends in lock-step; step t samples with
-    fold_in(fold_in(rng, t), episode index)."""
+    fold_in(fold_in(rng, t), episode index). Each episode's use_memory / shadow_memory says
+    whether its tips are shown or only kept."""
     episodes = run.own
     obs = self._reset(episodes)
     keep = {}  # row -> its first prompt's length: kept on overflow, with the recent turns
@@ -298,10 +297,10 @@ class Actor:
         break
       with self._timed("retrieval"):
         keys = [self.key_text(episodes[i], obs[i]) for i in live]
-        tips = self._retrieve([episodes[i] for i in live], keys, use_memory, memory_fallback)
-        if shadow_memory:  # retrieved and kept, not shown
-          shadow = self._retrieve([episodes[i] for i in live], keys, True, memory_fallback)
-          for i, tip in zip(live, shadow):
+        found = self._retrieve([episodes[i] for i in live], keys, memory_fallback)
+        tips = [t if episodes[i].use_memory else [] for i, t in zip(live, found)]
+        for i, tip in zip(live, found):
+          if episodes[i].shadow_memory:  # retrieved and kept, not shown
             episodes[i].shadow_tips.append(list(tip))
       requests = self._prompts(run, live, obs, keys, tips, keep)
       with self._timed("sampling"):
@@ -330,7 +329,7 @@ class Actor:
         env_texts = {i: self.env_text(t) for i, t in texts.items()}
         results = self.pool.step([env_texts.get(i) for i in range(len(episodes))])
       for i in live:
-        r_int = self._intrinsic(episodes[i].retrieved[-1], use_memory)
+        r_int = self._intrinsic(episodes[i].retrieved[-1], episodes[i].use_memory)
         obs[i] = _record(
           episodes[i], obs[i], texts[i], out[i], results[i], step, r_int, self.settings.records
         )
@@ -343,11 +342,16 @@ class Actor:
     with self._timed("env"):
       return reset_episodes(self.pool, episodes, self.settings.records)
 
-  def _retrieve(self, episodes, keys, use_memory: bool, fallback: bool) -> list[list[str]]:
-    """The tips each episode is shown at this step (none without memory)."""
-    if not use_memory:
-      return [[] for _ in episodes]
-    return self.memory.retrieve([(e.task, e.variation) for e in episodes], keys, fallback)
+  def _retrieve(self, episodes, keys, fallback: bool) -> list[list[str]]:
+    """The tips this step retrieves for each episode with memory (shown or shadow), in one
+    lookup; none for the others."""
+    want = [i for i, e in enumerate(episodes) if e.use_memory or e.shadow_memory]
+    out = [[] for _ in episodes]
+    if want:
+      slots = [(episodes[i].task, episodes[i].variation) for i in want]
+      for i, tip in zip(want, self.memory.retrieve(slots, [keys[i] for i in want], fallback)):
+        out[i] = tip
+    return out
 
   def _prompts(self, run: Rollout, live, obs, keys, tips, keep: dict) -> dict:
     """Each live row's next user message into its chat; {row: the chat's token ids}."""
@@ -462,13 +466,23 @@ class Actor:
     return [self.key_text(e, final)] * len(e.executed)
 
 
-def _step_counts(episodes: Sequence[Episode], use_memory: bool) -> dict:
-  """The rollout's counters: tips shown (retrieved), memory steps and steps."""
-  steps = sum(len(e.turns) for e in episodes)
+def _per_spec(flag, n: int, name: str) -> list[bool]:
+  """One bool, or a sequence of n, as n bools (ValueError naming `name` otherwise)."""
+  if not isinstance(flag, (list, tuple)):
+    return [bool(flag)] * n
+  flags = [bool(f) for f in flag]
+  if len(flags) != n:
+    raise ValueError(f"{name}: {len(flags)} flags for {n} episodes")
+  return flags
+
+
+def _step_counts(episodes: Sequence[Episode]) -> dict:
+  """The rollout's counters: tips shown (retrieved), memory steps (steps of episodes shown
+  tips) and steps."""
   return {
     "retrieved": sum(sum(e.retrieved) for e in episodes),
-    "memory_steps": steps if use_memory else 0,
-    "steps": steps,
+    "memory_steps": sum(len(e.turns) for e in episodes if e.use_memory),
+    "steps": sum(len(e.turns) for e in episodes),
   }
 
 

@@ -78,6 +78,7 @@ class Episode:
   tips_shown: list = dataclasses.field(default_factory=list)  # their texts, per step
   # tips retrieved but not shown, per step (Actor.rollout's shadow_memory; teacher views)
   shadow_tips: list = dataclasses.field(default_factory=list)
+  shadow_memory: bool = False  # whether this episode keeps shadow_tips
   # tokens of the whole chat each step's prompt holds (before any sampler truncation)
   prompt_tokens: list = dataclasses.field(default_factory=list)
   score: float = 0.0

@@ -133,7 +133,8 @@ class Plugin:
 
   def memory_view(self, mode: str) -> Optional[str]:
     """How an iteration of `mode` uses memory: "shown" (tips in the prompts), "shadow" (tips
-    retrieved and kept per step, not shown: Actor.rollout's shadow_memory) or "none"; None
+    retrieved and kept per step, not shown: Actor.rollout's shadow_memory), "split" (each
+    group's first rollout.group_size // 2 rollouts shown, the rest shadow) or "none"; None
     leaves it to the mode (shown unless mode is "on")."""
     return None
 
@@ -171,7 +172,7 @@ class Method:
 # on the command line still wins.
 GRPO_OVERRIDES = {"empo2.p_memory": 0.0, "loss.low_prob_mask": False}
 
-MEMORY_VIEWS = ("shown", "shadow", "none")  # Plugin.memory_view
+MEMORY_VIEWS = ("shown", "shadow", "split", "none")  # Plugin.memory_view
 REGISTRY: dict[str, Method] = {}
 PLUGINS: list[type] = []  # registration order = the order the hooks run in
 

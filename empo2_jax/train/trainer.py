@@ -343,13 +343,19 @@ class Trainer:
     specs = [
       (c.env.task, v, g) for g, v in enumerate(variations) for _ in range(c.rollout.group_size)
     ]
-    view = self.hooks.memory_view(mode)  # "shown", "shadow" (retrieved, not shown) or "none"
+    # "shown", "shadow" (retrieved, not shown), "split" (a group's first half shown, the rest
+    # shadow) or "none"
+    view = self.hooks.memory_view(mode)
+    if view == "split":
+      shown = [i % c.rollout.group_size < c.rollout.group_size // 2 for i in range(len(specs))]
+    else:
+      shown = [view == "shown"] * len(specs)
     return self.actor.rollout(
       self.sampling_params(),
       self.model_config,
       specs,
-      use_memory=view == "shown",
-      shadow_memory=view == "shadow",
+      use_memory=shown,
+      shadow_memory=[view in ("shadow", "split") and not s for s in shown],
       temperature=c.rollout.temperature,
       rng=key,
       mode=mode,
