@@ -256,7 +256,6 @@ class Actor:
     ]
     for e in own:
       e.shadow_memory = shadow[e.rollout_id]
-    for e in own:
       e.note = str(notes[e.rollout_id]) if notes is not None else ""
     out = Rollout([], {}, own, [ChatTokens(self.tok) for _ in own], tip_key=k_tips)
     self._clock = collections.Counter()
