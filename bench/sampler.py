@@ -32,6 +32,9 @@ separately; then
     row's filled KV cache (layers x 2 x kv heads x head_dim x cache dtype bytes per token),
     averaged over the steps; gbs = those bytes / the step's seconds, frac_of_membw = gbs over the
     probe (which counts read + written bytes, so a pure read could go somewhat faster).
+    dots_ms is the step's weight products alone at --rows rows (`decode_dots_ms`, timed in the
+    same process): at a few rows they run far below the square matmul probe's rate, so they, not
+    the bytes, can bound a step; frac_of_dots = dots_ms / ms_per_step.
 With --profile DIR, one more turn runs with its prefill and its decode call each under
 jax.profiler.trace (DIR/prefill, DIR/decode: Perfetto traces) and `sampler_profile phase= op= s=
 calls=` lines give each phase's heaviest XLA op kinds by exclusive time
@@ -188,7 +191,7 @@ class EngineTimer:
     self.totals["decode_bytes"] += steps * (self.weight_bytes + kv)
     return out
 
-  def report(self, mm_gflops: float, bw_gbs: float):
+  def report(self, mm_gflops: float, bw_gbs: float, dots_ms: float):
     t = self.totals
     gfs = t["prefill_flop"] / 1e9 / t["prefill_s"]
     result(
@@ -211,8 +214,39 @@ class EngineTimer:
       mb_per_step=(t["decode_bytes"] / steps / 1e6, ".0f"),
       gbs=(gbs, ".2f"),
       frac_of_membw=(gbs / bw_gbs, ".3f"),
+      dots_ms=(dots_ms, ".1f"),
+      frac_of_dots=(dots_ms / (1e3 * t["decode_s"] / steps), ".3f"),
       flush=True,
     )
+
+
+def decode_dots_ms(params, config, rows: int, iters: int = 5) -> float:
+  """The decode step's weight products alone: every layer's seven projections and the output
+  embedding for a [rows, hidden] input, with the step's data dependencies and nothing else (no
+  attention, norms or sampling), each layer's weights a separate array as the sampler reads them;
+  ms of the best of `iters` calls after a warm-up. At a few rows these products run far below the
+  square matmul probe's rate and are the step's compute floor."""
+  import jax
+  import jax.numpy as jnp
+
+  from _common import _best_seconds
+  from empo2_jax.model import llama
+
+  layers = llama.split_layers(params)["layers"]
+  out_emb = llama.output_embedding(params, config)
+
+  @jax.jit
+  def step(x, layers, out_emb):
+    for w in layers:
+      q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
+      a = q + jnp.tile(k + v, (1, q.shape[1] // k.shape[1]))  # stands in for attention's output
+      x = x + a @ w["wo"]
+      x = x + ((x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+    return x @ out_emb
+
+  x = jnp.ones((rows, config.hidden_size), jnp.float32)
+  layers, out_emb = jax.device_put((layers, out_emb))
+  return 1e3 * _best_seconds(lambda: step(x, layers, out_emb).block_until_ready(), iters)
 
 
 _META = re.compile(r'metadata=\{[^}]*op_name="([^"]*)"')
@@ -306,7 +340,14 @@ def main():
     )
     if name == "ours":  # the limits right before the timed run, in this process
       mm, bw = matmul_gflops(), membw_gbs()
-      result("limits", matmul_gflops=(mm, ".1f"), membw_gbs=(bw, ".2f"), flush=True)
+      dots = decode_dots_ms(params, config, args.rows)
+      result(
+        "limits",
+        matmul_gflops=(mm, ".1f"),
+        membw_gbs=(bw, ".2f"),
+        dots_ms=(dots, ".1f"),
+        flush=True,
+      )
       timer = EngineTimer(sess.engine, config, params, args.cache_dtype)
     secs, hist = run_session(sess, first, user, args.turns, args.new, 0)
     results[name] = secs
@@ -319,7 +360,7 @@ def main():
       flush=True,
     )
     if name == "ours":
-      timer.report(mm, bw)
+      timer.report(mm, bw, dots)
       if args.profile:
         import os
 

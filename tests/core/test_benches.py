@@ -14,11 +14,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCHES = sorted(p.name for p in (ROOT / "bench").glob("[a-z]*.py"))
 
 # The smallest run of the benches that load data (texts from tests/; ScienceWorld gold episodes
-# through the tokenizer's chat template), and the first word of its last line. Each takes ~1.5 min
-# on 2 loaded cores; prompt_growth.py's smallest run (4 min) is left to its --help.
+# through the tokenizer's chat template; the sampler's real weights), and the first word of its
+# last line. Each takes ~1.5 min on 2 loaded cores; prompt_growth.py's smallest run (4 min) is
+# left to its --help.
 SMALL = {
   "memory.py": (["--sizes", "1000", "--queries", "5"], "memory"),
   "packing.py": (["--episodes", "1", "--min_turns", "2", "--tokens_only"], "packing"),
+  # the real model's first layer: its where-the-time-goes lines and decode_dots_ms probe run
+  "sampler.py": (
+    ["--layers", "1", "--rows", "2", "--prompt", "100", "--growth", "40", "--new", "4"]
+    + ["--turns", "1", "--skip-reprefill", "--skip-hf"],
+    "sampler",
+  ),
 }
 
 
