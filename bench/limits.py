@@ -10,7 +10,9 @@ Then `limits_shape matmul= m= k= n= gflops= frac_of_square=` for the matmuls of 
 (bench/update.py: 1,152-token packed rows, hidden 576, MLP 1,536, 3 KV heads x 64, vocabulary
 49,152 for ~256 response positions; the backward's weight gradients contract over the tokens):
 what the probe's square matmul promises at these shapes, and at the shapes of the projections that
-share an input fused (q/k/v, gate/up). Last line: `limits matmul_gflops=<x>
+share an input fused (q/k/v, gate/up); then a decode step's products for 1 and 8 rows, where
+weight_gbs (the [k, n] fp32 weights' bytes over the product's time) says how near a pass over the
+weights the product runs. Last line: `limits matmul_gflops=<x>
 membw_gbs=<y>`.
 """
 
@@ -28,6 +30,13 @@ MODEL_SHAPES = (
   # 576 + 2 x 192 columns; gate and up: 2 x 1,536): what concatenated weights would run at
   ("qkv_fused", 1152, 576, 960),
   ("mlp_gate_up_fused", 1152, 576, 3072),
+  # a decode step's products (bench/sampler.py): one token for each of 1 or 8 rows; with so few
+  # rows a product is a pass over its weights, so weight_gbs (the weight bytes over the time) is
+  # the figure to hold against membw_gbs
+  ("decode_mlp_up_1row", 1, 576, 1536),
+  ("decode_mlp_up_8rows", 8, 576, 1536),
+  ("decode_lm_head_1row", 1, 576, 49152),
+  ("decode_lm_head_8rows", 8, 576, 49152),
 )
 
 
@@ -42,8 +51,16 @@ def main():
   bw = membw_gbs(args.mib, args.iters)
   for name, m, k, n in MODEL_SHAPES:
     g = matmul_gflops(iters=args.iters, shape=(m, k, n))
+    weight_gbs = 4.0 * k * n / (2.0 * m * k * n / (g * 1e9)) / 1e9  # fp32 [k, n] bytes / s
     result(
-      "limits_shape", matmul=name, m=m, k=k, n=n, gflops=(g, ".1f"), frac_of_square=(g / mm, ".2f")
+      "limits_shape",
+      matmul=name,
+      m=m,
+      k=k,
+      n=n,
+      gflops=(g, ".1f"),
+      frac_of_square=(g / mm, ".2f"),
+      weight_gbs=(weight_gbs, ".1f"),
     )
   result("limits", matmul_gflops=(mm, ".1f"), membw_gbs=(bw, ".2f"))
 
