@@ -30,6 +30,25 @@ def hf_sha256(hf: str) -> dict:
   return out
 
 
+def machine() -> dict:
+  """What an fp32 start's last bits depend on besides the code: the CPU model and jax/jaxlib."""
+  import importlib.metadata
+  import platform
+
+  cpu = platform.processor() or platform.machine()
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+    cpu = names[0] if names else cpu
+  out = {"cpu": cpu}
+  for pkg in ("jax", "jaxlib"):
+    try:
+      out[pkg] = importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+      out[pkg] = None
+  return out
+
+
 def differing(archived: str, got: dict) -> list:
   """The files whose hash differs from the archived start's ([] when it is the same)."""
   with open(archived) as f:
@@ -45,9 +64,12 @@ def check(sft: str, archived: str) -> None:
     return
   bad = differing(archived, got)
   if bad:
+    with open(archived) as f:
+      built_on = json.load(f).get("machine", "not recorded")
     sys.exit(
       f"sft: {hf} differs from the archived start in {bad}: the arms would not share one "
-      f"start; rebuild with the commit {archived} names, on this machine kind"
+      f"start; rebuild with the commit {archived} names, on the machine kind it was built on "
+      f"({built_on}; this one: {machine()})"
     )
   print(f"sft: {hf} matches {archived} ({len(got)} files)")
 
@@ -90,6 +112,7 @@ def archive(root: str, dest: str) -> None:
         "summary": json.load(open(summary)) if os.path.exists(summary) else None,
         "hf_sha256": got,
         "code_commit": rev.stdout.strip(),  # $PYTHONPATH's checkout (the run worktree), else ours
+        "machine": machine(),
       }
       os.makedirs(dest, exist_ok=True)
       with open(old, "w") as f:

@@ -2,6 +2,7 @@
 survive a checkout (docs/explore/), read back by the same readers, and a rebuilt SFT start that
 differs from the archived one is refused. A fake experiment root stands in for the runs."""
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -98,6 +99,8 @@ def test_archive_keeps_what_the_report_reads(tmp_path):
   assert sft["summary"] == {"steps": 20}
   head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
   assert sft["code_commit"] == head.stdout.strip()  # the code that ran: PYTHONPATH's checkout
+  assert sft["machine"]["jaxlib"] == importlib.metadata.version("jaxlib")
+  assert isinstance(sft["machine"]["cpu"], str) and sft["machine"]["cpu"]
 
 
 def test_a_different_sft_start_is_refused(tmp_path):
@@ -109,6 +112,8 @@ def test_a_different_sft_start_is_refused(tmp_path):
   (root / "sft" / "sft" / "hf" / "model.safetensors").write_bytes(b"other weights")
   bad = _script("sft", root, archive, check=False)
   assert bad.returncode != 0 and "model.safetensors" in bad.stderr
+  built_on = json.loads((archive / "sft.json").read_text())["machine"]
+  assert f"({built_on}; this one: " in bad.stderr  # the machine kinds, side by side
   again = _script("archive", root, archive, check=False)  # nor is it archived over the old one
   assert again.returncode != 0 and "differs" in again.stderr
 
