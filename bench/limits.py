@@ -51,7 +51,7 @@ def main():
   bw = membw_gbs(args.mib, args.iters)
   for name, m, k, n in MODEL_SHAPES:
     g = matmul_gflops(iters=args.iters, shape=(m, k, n))
-    weight_gbs = 4.0 * k * n / (2.0 * m * k * n / (g * 1e9)) / 1e9  # fp32 [k, n] bytes / s
+    weight_gbs = 2.0 * g / m  # the fp32 [k, n] weights' 4 k n bytes over the 2 m k n flops' time
     result(
       "limits_shape",
       matmul=name,
