@@ -196,13 +196,16 @@ def op_kind(name: str) -> str:
 
 def _exclusive_by_op(trace_dir: str):
   """(seconds, calls): Counters by XLA op name (an event's `hlo_op`) of exclusive time in the
-  Perfetto trace under `trace_dir` (trace_breakdown's docstring says what counts)."""
+  newest Perfetto trace under `trace_dir` (trace_breakdown's docstring says what counts)."""
   import collections
   import glob
   import gzip
   import json
 
-  (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+  found = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+  if not found:
+    raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}")
+  path = max(found, key=os.path.getmtime)  # a reused directory keeps earlier runs' traces too
   with gzip.open(path, "rt") as f:
     events = [
       e

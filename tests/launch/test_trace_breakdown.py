@@ -8,6 +8,8 @@ import importlib.util
 import json
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # bench/_common.py by its path (the benches import it as a script-local module)
 _spec = importlib.util.spec_from_file_location(
@@ -42,6 +44,19 @@ def test_exclusive_time_by_op_kind(tmp_path):
   rows = {k: (round(s * 1e6), n) for k, s, n in trace_breakdown(str(tmp_path), top=10)}
   assert rows == {"fusion": (80, 3), "dot": (40, 1), "while": (30, 1)}
   assert [k for k, _, _ in trace_breakdown(str(tmp_path), top=2)] == ["fusion", "dot"]
+
+
+def test_a_reused_directory_reads_its_newest_trace(tmp_path):
+  for run, (op, ts) in enumerate([("dot.1", 1_000), ("fusion.2", 2_000)]):
+    d = tmp_path / "plugins" / "profile" / f"run{run}"
+    d.mkdir(parents=True)
+    path = d / "perfetto_trace.json.gz"
+    with gzip.open(path, "wt") as f:
+      json.dump({"traceEvents": [event(op, 0, 10)]}, f)
+    os.utime(path, (ts, ts))
+  assert [k for k, _, _ in trace_breakdown(str(tmp_path))] == ["fusion"]
+  with pytest.raises(FileNotFoundError, match="no perfetto_trace"):
+    trace_breakdown(str(tmp_path / "empty"))
 
 
 def test_op_kind():
