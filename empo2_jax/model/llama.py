@@ -15,15 +15,6 @@ Numerics follow Hugging Face's Llama/Qwen2: RMSNorm statistics in float32, the n
 cast back to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit
 positions; softmax in float32; Llama 3 frequency scaling (config.rope_scaling) applied to the
 float32 inverse frequencies as transformers does.
-
-KV cache (for the sampler): a dict with k, v [L, B, K, S, hd] and mask [B, S] (1 where a slot holds
-a real token). `forward(..., cache=cache, cache_index=idx)` writes the new tokens' keys/values into
-slots idx[b] .. idx[b]+T-1 of row b and attends over all valid slots at or before each query's slot.
-The caller guarantees idx[b] + T <= S; padded new tokens (attention_mask 0) are written but marked
-invalid, so the next write can start at idx[b] + (number of real tokens). Heads come before slots
-so that a layer's attention reads each row's keys of one head as one contiguous [S, hd] matrix
-(no transpose per decode step); keys are read in `config.cache_block`-slot blocks, and only the
-blocks below max(idx) + T, so a step costs the filled part of the cache (`_attend_cached`).
 """
 
 from __future__ import annotations
@@ -36,10 +27,10 @@ import jax.numpy as jnp
 from empo2_jax.model.attention import flash_attention
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.model.grad_accum import scan_accumulating
+from empo2_jax.model.kv_cache import NEG_INF, attend_cached, write_cache, write_rows
 from empo2_jax.parallel.sharding import BATCH_AXES, shard_activation
 
 Params = dict[str, Any]
-NEG_INF = -1e30
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,21 +80,6 @@ def init_params(config: LlamaConfig, rng: jax.Array, std: float = 0.02) -> Param
       leaf = std * jax.random.normal(key, shape, jnp.float32)
     leaves.append(leaf.astype(config.jnp_param_dtype))
   return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-def cache_shape(config: LlamaConfig, batch: int, length: int) -> tuple[int, ...]:
-  """Shape of the cache's k and v: [L, B, K, S, hd]."""
-  return (config.num_layers, batch, config.num_kv_heads, length, config.head_dim)
-
-
-def init_cache(config: LlamaConfig, batch: int, length: int, dtype=jnp.bfloat16) -> Params:
-  """An empty KV cache: k, v [L, B, K, S, hd] zeros in `dtype`, mask [B, S] int32 zeros."""
-  shape = cache_shape(config, batch, length)
-  return {
-    "k": jnp.zeros(shape, dtype),
-    "v": jnp.zeros(shape, dtype),
-    "mask": jnp.zeros((batch, length), jnp.int32),
-  }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,77 +171,6 @@ def _attend_causal(q, k, v, allowed, dtype, block: int):
     b = min(a + block, t)
     outs.append(_attend(q[:, a:b], k[:, :b], v[:, :b], allowed[:, a:b, :b], dtype))
   return jnp.concatenate(outs, axis=1)
-
-
-def _write_rows(buf: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-  """buf [B, S, ...] <- new [B, T, ...] at per-row offsets index [B]."""
-
-  def one(b, n, i):
-    start = (i,) + (0,) * (b.ndim - 1)
-    return jax.lax.dynamic_update_slice(b, n.astype(b.dtype), start)
-
-  return jax.vmap(one)(buf, new, index)
-
-
-def _write_cache(buf: jax.Array, layer, new: jax.Array, index: jax.Array, rows=None) -> jax.Array:
-  """buf [L, B', K, S, hd] <- new [B, T, K, hd] at layer `layer`, cache row rows[b] (default b),
-  slots index[b] + t, in place (a scatter into the whole buffer: no slice is copied out)."""
-  b, t = new.shape[:2]
-  rows = (jnp.arange(b) if rows is None else rows)[:, None]
-  slots = index[:, None] + jnp.arange(t)[None, :]
-  return buf.at[layer, rows, :, slots].set(new.astype(buf.dtype))
-
-
-def _attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int):
-  """Attention of q [B, T, H, hd] over layer `layer` of the cache k/v_all [L, B', K, S, hd], row
-  b of the batch reading cache row rows[b] (None: row b).
-
-  Query (b, t) sees slot s when s <= q_slot[b, t] and mask[b, s] > 0, as `_attend` with that
-  `allowed`. Keys are read `block` slots at a time with an online softmax (running max, sum and
-  weighted values in float32), and the loop stops after the block holding max(q_slot): slots past
-  every query are never read. A query that sees no slot gets zeros. Returns [B, T, H*hd].
-  """
-  b, t, h, hd = q.shape
-  _, b_all, kv_heads, s, _ = k_all.shape
-  g = h // kv_heads
-  sb = min(block, s)
-  q = q.reshape(b, t, kv_heads, g, hd).astype(dtype)
-  n_blocks = (jnp.max(q_slot) + sb) // sb  # blocks [0, n_blocks) cover slots 0..max(q_slot)
-
-  def body(carry):
-    j, m, norm, acc = carry
-    start = jnp.minimum(j * sb, s - sb)  # the last block may overlap its predecessor ...
-    kb = jax.lax.dynamic_slice(k_all, (layer, 0, 0, start, 0), (1, b_all, kv_heads, sb, hd))[0]
-    vb = jax.lax.dynamic_slice(v_all, (layer, 0, 0, start, 0), (1, b_all, kv_heads, sb, hd))[0]
-    if rows is not None:  # a block of every row is small; then keep the batch's rows
-      kb, vb = kb[rows], vb[rows]
-    mb = jax.lax.dynamic_slice(mask, (0, start), (b, sb))
-    slot = start + jnp.arange(sb)
-    ok = (
-      (slot[None, None, :] <= q_slot[:, :, None])
-      & (mb[:, None, :] > 0)
-      & (slot >= j * sb)[None, None, :]  # ... whose slots it does not count twice
-    )[:, None, None]  # [B, 1, 1, T, sb]
-    sc = jnp.einsum("btkgd,bksd->bkgts", q, kb.astype(dtype)).astype(jnp.float32) * (hd**-0.5)
-    sc = jnp.where(ok, sc, NEG_INF)
-    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-    # Once a query has seen a slot (m_new finite) its disallowed slots get exp(NEG_INF - m_new) =
-    # 0 exactly; before, they add garbage that the first seen slot's scale exp(NEG_INF - m_new)
-    # = 0 wipes out, and a query that never sees one is zeroed below (no second select here).
-    p = jnp.exp(sc - m_new[..., None])
-    scale = jnp.exp(m - m_new)
-    pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(dtype), vb.astype(dtype))
-    return j + 1, m_new, norm * scale + p.sum(-1), acc * scale[..., None] + pv.astype(jnp.float32)
-
-  init = (
-    jnp.int32(0),
-    jnp.full((b, kv_heads, g, t), NEG_INF, jnp.float32),
-    jnp.zeros((b, kv_heads, g, t), jnp.float32),
-    jnp.zeros((b, kv_heads, g, t, hd), jnp.float32),
-  )
-  _, m, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
-  out = jnp.where((m > NEG_INF / 2)[..., None], acc / norm[..., None], 0.0)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd).astype(dtype)
 
 
 def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
@@ -423,9 +328,9 @@ def forward(
     new_mask = kv_out = None
   else:
     if cache_rows is None:
-      row_mask = new_mask = _write_rows(cache["mask"], attention_mask, cache_index)
+      row_mask = new_mask = write_rows(cache["mask"], attention_mask, cache_index)
     else:
-      row_mask = _write_rows(cache["mask"][cache_rows], attention_mask, cache_index)
+      row_mask = write_rows(cache["mask"][cache_rows], attention_mask, cache_index)
       new_mask = cache["mask"].at[cache_rows].set(row_mask)
     q_slot = cache_index[:, None] + jnp.arange(t)[None, :]  # [B, T]
 
@@ -437,9 +342,9 @@ def forward(
       layer, i = xs
 
       def attend(q, k, v):
-        k2 = _write_cache(k_all, i, k, cache_index, cache_rows)
-        v2 = _write_cache(v_all, i, v, cache_index, cache_rows)
-        out = _attend_cached(q, k2, v2, i, cache_rows, q_slot, row_mask, dt, c.cache_block)
+        k2 = write_cache(k_all, i, k, cache_index, cache_rows)
+        v2 = write_cache(v_all, i, v, cache_index, cache_rows)
+        out = attend_cached(q, k2, v2, i, cache_rows, q_slot, row_mask, dt, c.cache_block)
         return out, (k2, v2)
 
       h, (k_all, v_all) = decoder_layer(c, h, layer, cos, sin, attend)

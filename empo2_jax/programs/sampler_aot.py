@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import llama
+from empo2_jax.model import kv_cache, llama
 from empo2_jax.programs import aot
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.sampling import kernels
@@ -28,7 +28,7 @@ def _abstract(config, mesh, req):
   )
   rows = shd.batch_sharding(mesh)
   kv = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, shd.BATCH_AXES))
-  shape = llama.cache_shape(config, req.batch, req.seq)
+  shape = kv_cache.cache_shape(config, req.batch, req.seq)
   dt = jnp.dtype(settings.cache_dtype)
   cache = {
     "k": jax.ShapeDtypeStruct(shape, dt, sharding=kv),

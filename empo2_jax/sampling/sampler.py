@@ -36,7 +36,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import llama
+from empo2_jax.model import kv_cache, llama
 from empo2_jax.model.configs import DTYPES, LlamaConfig
 from empo2_jax.sampling import kernels
 
@@ -214,7 +214,7 @@ class Engine:
       raise ValueError(
         f"batch {batch} is not divisible by the mesh's data*fsdp size {self.batch_multiple()}"
       )
-    cache = llama.init_cache(self.config, batch, length, DTYPES[self.settings.cache_dtype])
+    cache = kv_cache.init_cache(self.config, batch, length, DTYPES[self.settings.cache_dtype])
     return {
       "k": self.place_rows(cache["k"], 1),
       "v": self.place_rows(cache["v"], 1),

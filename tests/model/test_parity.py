@@ -6,7 +6,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import hf, llama
+from empo2_jax.model import hf, kv_cache, llama
 from tests.conftest import hf_logits, make_hf_checkpoint, random_batch
 
 CASES = {
@@ -78,7 +78,7 @@ def test_kv_cache_chunks_match_full_forward(hf_tiny, block, scan):
   tokens = rng.integers(0, config.vocab_size, size=(2, 20)).astype(np.int32)
   full = np.asarray(llama.forward(params, config, tokens, np.ones_like(tokens)))
   config = config.replace(cache_block=block, scan_layers=scan)
-  cache = llama.init_cache(config, 2, 32, dtype=jnp.float32)
+  cache = kv_cache.init_cache(config, 2, 32, dtype=jnp.float32)
   if block < 32:  # the furthest query is slot 19: blocks of 5 end at slot 19, blocks of 8 at 23
     far = 20 if block == 5 else 24
     cache = {k: v if k == "mask" else v.at[:, :, :, far:].set(jnp.nan) for k, v in cache.items()}
@@ -101,3 +101,39 @@ def test_kv_cache_chunks_match_full_forward(hf_tiny, block, scan):
   for b in range(2):
     got = np.concatenate(outs[b])
     np.testing.assert_allclose(got, full[b, : lens[b]], atol=1e-4)
+
+
+def test_bf16_cache_as_bits_equals_a_bf16_cache(hf_tiny):
+  """On the CPU backend a bfloat16 cache is stored as uint16 bits (kv_cache.CACHE_BITS): a prefill
+  chunk, then decode steps of single tokens, give the same logits bit for bit as the same cache
+  stored in bfloat16, and the stored values read back are those bfloat16 values."""
+  path, _ = hf_tiny
+  config, params = hf.load_checkpoint(path)
+  params = jax.device_put(params)
+  config = config.replace(cache_block=8)
+  tokens = np.random.default_rng(6).integers(0, config.vocab_size, size=(2, 14)).astype(np.int32)
+  bits = kv_cache.init_cache(config, 2, 32, dtype=jnp.bfloat16)
+  plain = kv_cache.init_cache(config, 2, 32, dtype=jnp.bfloat16, backend="tpu")
+  assert bits["k"].dtype == jnp.uint16 and plain["k"].dtype == jnp.bfloat16
+  step = jax.jit(
+    lambda cache, toks, index: llama.forward(
+      params,
+      config,
+      toks,
+      jnp.ones_like(toks),
+      positions=index[:, None] + jnp.arange(toks.shape[1])[None],
+      cache=cache,
+      cache_index=index,
+    )
+  )
+  index = np.zeros(2, np.int32)
+  for t in (10, 1, 1, 1, 1):
+    toks = tokens[:, index[0] : index[0] + t]
+    got, bits = step(bits, toks, index)
+    want, plain = step(plain, toks, index)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    index = index + t
+  np.testing.assert_array_equal(
+    np.asarray(kv_cache.cache_values(bits["v"]), np.float32), np.asarray(plain["v"], np.float32)
+  )
+  assert float(jnp.abs(plain["v"][:, :, :, :14].astype(jnp.float32)).max()) > 0  # written
