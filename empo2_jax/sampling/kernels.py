@@ -108,7 +108,7 @@ def prefill_chunk(
   Args:
     params: the model's params (model/llama.py).
     config: its LlamaConfig.
-    cache: the KV cache (model/llama.py module docstring).
+    cache: the KV cache (model/kv_cache.py module docstring).
     hidden_bd: [B, D] each row's current final hidden state; with `rows`, the chunk's rows' state.
     tokens_bc: [B, C] int32 new tokens, right-padded.
     mask_bc: [B, C] 1 on the real new tokens.
@@ -161,7 +161,7 @@ def decode(
   Args:
     params: the model's params (model/llama.py).
     config: its LlamaConfig.
-    cache: the KV cache (model/llama.py module docstring).
+    cache: the KV cache (model/kv_cache.py module docstring).
     hidden_bd: [B, D] final hidden state of each row's last prompt token.
     length_b: [B] int32 tokens in the row's cache (the prompt).
     active_b: [B] bool; inactive rows sample nothing.
