@@ -20,10 +20,12 @@ their directory; heavy imports (jax, torch) happen inside the functions.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import math
 import os
 import re
+import shutil
 import tempfile
 import time
 from typing import Any, Callable
@@ -64,7 +66,8 @@ def smollm2(layers: int = 0):
 
 
 def bench_model(name: str, layers: int = 0):
-  """(config, params on device, HF directory, vocabulary size for random prompts)."""
+  """(config, params on device, HF directory (removed when the process exits), vocabulary size
+  for random prompts)."""
   import jax
 
   from empo2_jax.model import configs, hf, llama
@@ -79,6 +82,7 @@ def bench_model(name: str, layers: int = 0):
   else:
     raise SystemExit(f"--model={name!r}; valid: {', '.join(MODELS)}")
   tmp = tempfile.mkdtemp(prefix=f"bench_{name}_")
+  atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # ~0.5 GB a run for SmolLM2
   hf.save_checkpoint(tmp, config, jax.device_get(params))
   config, params = hf.load_checkpoint(tmp)
   return config, jax.device_put(params), tmp, vocab
