@@ -335,6 +335,13 @@ def _flat(tree):
   return jnp.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
 
 
+def _sgd_gradient(params, batch, rows):
+  """The update's gradient, flattened: one SGD step of rate 1 from params (params - new params),
+  with the update's metrics."""
+  new, met = _ctx_update(params, optax.sgd(1.0), batch, rows)
+  return _flat(jax.tree.map(jnp.subtract, params, new)), met
+
+
 @pytest.mark.slow
 def test_ctx_distill_gradient_is_the_full_vocabulary_reverse_kl_gradient(taught):
   """The update's gradient (one SGD step of rate 1: params - new params) from one sampled token a
@@ -347,8 +354,7 @@ def test_ctx_distill_gradient_is_the_full_vocabulary_reverse_kl_gradient(taught)
     batch, student, lt = _ctx_batch(
       params, np.random.default_rng(seed), answer_of, rows, empty_tips=False, seed=seed
     )
-    new, met = _ctx_update(params, optax.sgd(1.0), batch, rows)
-    g_est = _flat(jax.tree.map(lambda a, b: a - b, params, new))
+    g_est, met = _sgd_gradient(params, batch, rows)
 
     def exact_kl(p):
       ls = _resp_logits(p, jnp.asarray(student))
@@ -363,8 +369,8 @@ def test_ctx_distill_gradient_is_the_full_vocabulary_reverse_kl_gradient(taught)
     norms.append(float(jnp.linalg.norm(g_est)))
 
   batch, _, _ = _ctx_batch(params, np.random.default_rng(3), answer_of, rows, True, seed=3)
-  new, met0 = _ctx_update(params, optax.sgd(1.0), batch, rows)
-  g0 = float(jnp.linalg.norm(_flat(jax.tree.map(lambda a, b: a - b, params, new))))
+  g_empty, met0 = _sgd_gradient(params, batch, rows)
+  g0 = float(jnp.linalg.norm(g_empty))
   # teacher = student: d is float noise (the teacher here is a full forward, the update's
   # log-probs are chunked), so is the gradient
   assert g0 < 1e-4 * min(norms), (g0, norms)
