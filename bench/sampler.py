@@ -3,7 +3,7 @@ and where the session's time goes against this machine's limits.
 
   python bench/sampler.py [--model smollm2|0.5b-shape] [--layers 0] [--rows 8] [--prompt 1000]
                           [--growth 150] [--new 32] [--turns 10] [--cache-dtype float32]
-                          [--skip-reprefill] [--skip-hf] [--profile DIR]
+                          [--warmup-turns 0] [--skip-reprefill] [--skip-hf] [--profile DIR]
 
 Model (bench/_common.py): SmolLM2-135M-Instruct's real weights by default, or Qwen2.5-0.5B shapes
 with random init; --layers N keeps the first N layers (0: all); fp32 params and compute, identical
@@ -14,7 +14,12 @@ turn generates exactly --new tokens on every side).
   (a) Session (prefix reuse): prefills only each turn's new suffix.
   (b) Session(reuse_prefix=False): re-prefills the full chat every turn.
   (c) transformers generate (torch, left-padded batch, do_sample=True, top_k=0).
-Each side first runs one untimed turn-0/turn-1 pair to compile/warm up; timings cover --turns turns.
+Each of our sides first runs the whole workload once untimed (--warmup-turns, default all: every
+prefill chunk and row-count shape the timed turns use is compiled then; `compiles_timed=` on the
+side's line counts programs compiled inside the timed turns, 0 when the warm-up covered them), as
+a training run's later iterations reuse its first's programs; `warmup` gives the untimed run's
+seconds, compiles included. transformers compiles nothing and warms up on one turn. Timings cover
+--turns turns.
 turns/s counts row-turns (actions produced) per second; tokens/s counts generated tokens.
 
 Where the time goes (side (a)): first this machine's limits are probed in the same process
@@ -291,6 +296,9 @@ def main():
   ap.add_argument("--new", type=int, default=32)
   ap.add_argument("--turns", type=int, default=10)
   ap.add_argument("--cache-dtype", default="float32")
+  ap.add_argument(
+    "--warmup-turns", type=int, default=0, help="untimed turns first on our sides (0: --turns)"
+  )
   ap.add_argument("--skip-reprefill", action="store_true")
   ap.add_argument("--skip-hf", action="store_true")
   ap.add_argument("--profile", default="", help="trace one more turn's decode call here")
@@ -327,8 +335,9 @@ def main():
       reuse_prefix=reuse,
     )
     t0 = time.perf_counter()
-    run_session(warm, first, user, min(2, args.turns), args.new, 999)
+    run_session(warm, first, user, args.warmup_turns or args.turns, args.new, 999)
     warm_s = time.perf_counter() - t0
+    traced = warm.engine.num_traces
     sess = Session(
       params,
       config,
@@ -356,7 +365,8 @@ def main():
       f"{name:10s} {secs:8.2f}s  tokens/s={args.rows * args.turns * args.new / secs:8.1f}  "
       f"turns/s={args.rows * args.turns / secs:7.3f}  prefill_tokens/episode={per_ep:9.0f} "
       f"(computed incl. padding {sess.stats['prefill_computed'] / args.rows:9.0f})  "
-      f"warmup {warm_s:.1f}s  compiles={dict(warm.engine.traces)}",
+      f"warmup {warm_s:.1f}s  compiles={dict(warm.engine.traces)} "
+      f"compiles_timed={warm.engine.num_traces - traced}",
       flush=True,
     )
     if name == "ours":

@@ -11,7 +11,13 @@ import jax.numpy as jnp
 from empo2_jax.model import hf, llama
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.sampling import kernels
-from empo2_jax.sampling.sampler import SamplerSettings, chunk_plan, generate, get_engine
+from empo2_jax.sampling.sampler import (
+  Engine,
+  SamplerSettings,
+  chunk_plan,
+  generate,
+  get_engine,
+)
 from tests.conftest import make_hf_checkpoint
 
 FP32 = SamplerSettings(cache_dtype="float32", prefill_chunks=(16, 64))
@@ -73,6 +79,36 @@ def test_chunk_plan():
     rest = n - (n // 1024) * 1024
     one = (n // 1024) * 1024 + (min(c for c in default if c >= rest) if rest else 0)
     assert sum(plan) <= one, n
+
+
+def test_chunks_for_keeps_rows_times_length_within_the_token_budget():
+  st = SamplerSettings(prefill_tokens=1024)
+  assert st.chunks_for(8) == (16, 32, 64, 128)
+  assert st.chunks_for(1) == st.prefill_chunks and st.chunks_for(64) == (16,)
+  assert st.chunks_for(256) == (16,)  # over budget even at the smallest: that one still runs
+  assert SamplerSettings().chunks_for(8, backend="cpu") == (16, 32, 64, 128)
+  assert SamplerSettings().chunks_for(8, backend="tpu") == SamplerSettings().prefill_chunks
+  with pytest.raises(ValueError, match="prefill_tokens"):
+    SamplerSettings(prefill_tokens=0)
+
+
+def test_prefill_chunks_follow_the_budget_and_give_the_same_logits():
+  # 3 rows of 40 tokens: a budget of 48 tokens allows only 16-token chunks (3 calls), the default
+  # one 64-token chunk; the hidden states (hence every later logit) agree.
+  config = tiny_config(256, param_dtype="float32", compute_dtype="float32")
+  params = llama.init_params(config, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  suffixes = [rng.integers(0, config.vocab_size, 40).tolist() for _ in range(3)]
+  out = {}
+  for budget in (48, None):
+    st = SamplerSettings(cache_dtype="float32", prefill_chunks=(16, 64), prefill_tokens=budget)
+    eng = Engine(config, st)
+    cache, hidden = eng.new_cache(3, 256), eng.new_hidden(3)
+    cache, hidden, computed = eng.prefill(params, cache, hidden, suffixes, np.zeros(3, np.int64))
+    out[budget] = (np.asarray(hidden), computed, eng.traces["prefill"])
+  assert out[48][1] == 3 * 48 and out[48][2] == 1
+  assert out[None][1] == 3 * 64 and out[None][2] == 1
+  np.testing.assert_allclose(out[48][0], out[None][0], rtol=2e-5, atol=2e-5)
 
 
 def test_greedy_matches_hf_generate(tmp_path):
