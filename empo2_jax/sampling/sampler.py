@@ -14,11 +14,11 @@ fold_in(rng, r) (then fold_in(., step) per token), so a row's samples do not dep
 Bounded compilation: every device call has a shape drawn from small fixed sets: the batch is padded
 to a size in `SamplerSettings.batch_sizes`, the cache length to one of `cache_lengths` (generate)
 or fixed for a session, prefill runs in chunks whose lengths come from `prefill_chunks` (those whose
-rows x length fit `prefill_tokens`), the output
-buffer from `new_token_buckets`, the stop-id list is padded to `max_stop_ids`; temperature, top-p,
-top-k and max_new_tokens are traced values. Only three sampling modes (greedy / sample / filter)
-are static. `Engine.traces` counts traces per jitted function (a Python side effect that runs only
-while tracing), which the tests assert on. The cache is donated to every call.
+rows x length fit `prefill_tokens`), the output buffer from `new_token_buckets`, the stop-id list
+is padded to `max_stop_ids`; temperature, top-p, top-k and max_new_tokens are traced values.
+Only three sampling modes (greedy / sample / filter) are static. `Engine.traces` counts traces per
+jitted function (a Python side effect that runs only while tracing), which the tests assert on.
+The cache is donated to every call.
 
 Mesh: params may arrive already sharded (parallel/sharding.shard_tree); pass `mesh` and the cache
 rows and per-row inputs are placed with the batch over (data, fsdp) (parallel/sharding.BATCH_AXES);
