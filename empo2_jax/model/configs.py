@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 ATTENTION_IMPLS = ("flash", "dense")
+DECODE_KERNELS = ("auto", "cpu", "xla")  # LlamaConfig.decode_kernels (model/cpu_kernels.py)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -85,6 +86,11 @@ class LlamaConfig:
   # larger block products) and a 150-token prefill 2.9-3.3 s against 3.3-4.4; 2,048 was slower
   # (the last block reads far past the filled slots).
   cache_block: int = 512
+  # Cached forward, one token per row (a decode step): "auto" runs the products and the cache
+  # attention in model/cpu_kernels.cc on the CPU backend in float32 when the kernels build (one
+  # pass over the weights and the filled cache, read in place), XLA's otherwise; "cpu" insists on
+  # them (an error where they cannot run); "xla" never uses them. Other backends always run XLA.
+  decode_kernels: str = "auto"
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -104,6 +110,8 @@ class LlamaConfig:
       raise ValueError(f"attention_impl={self.attention_impl!r}; valid: {ATTENTION_IMPLS}")
     if self.cache_block < 1:
       raise ValueError(f"cache_block={self.cache_block} must be >= 1")
+    if self.decode_kernels not in DECODE_KERNELS:
+      raise ValueError(f"decode_kernels={self.decode_kernels!r}; valid: {DECODE_KERNELS}")
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise TypeError(f"rope_scaling={self.rope_scaling!r}; pass a configs.RopeScaling or None")
     if isinstance(self.eos_token_id, list):  # keep the config hashable (a jit static argument)

@@ -7,7 +7,9 @@ The caller guarantees idx[b] + T <= S; padded new tokens (attention_mask 0) are 
 invalid, so the next write can start at idx[b] + (number of real tokens). Heads come before slots
 so that a layer's attention reads each row's keys of one head as one contiguous [S, hd] matrix
 (no transpose per decode step); keys are read in `config.cache_block`-slot blocks, and only the
-blocks below max(idx) + T, so a step costs the filled part of the cache (`attend_cached`). On the
+blocks below max(idx) + T, so a step costs the filled part of the cache (`attend_cached`; a decode
+step on the CPU backend reads each row's filled slots in place in model/cpu_kernels.cc instead,
+`attend_cached_kernel`, where LlamaConfig.decode_kernels allows). On the
 CPU backend a bfloat16 cache stores its values' bits as uint16 (CACHE_BITS says why);
 `cache_values` reads them back.
 """
@@ -19,6 +21,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.model import cpu_kernels
 from empo2_jax.model.configs import LlamaConfig
 
 Params = dict[str, Any]
@@ -146,3 +149,23 @@ def attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int)
   _, m, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
   out = jnp.where((m > NEG_INF / 2)[..., None], acc / norm[..., None], 0.0)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd).astype(dtype)
+
+
+def attend_cached_kernel(q, k_all, v_all, layer, rows, q_slot, mask, config: LlamaConfig):
+  """attend_cached for one query per row (q [B, 1, H, hd], float32 cache) by
+  cpu_kernels.cached_attention on the CPU platform, attend_cached elsewhere."""
+  b, _, h, hd = q.shape
+  kv_heads = k_all.shape[2]
+  dt = config.jnp_compute_dtype
+  row_ids = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
+
+  def cpu(q, k_all, v_all, q_slot, mask):
+    out = cpu_kernels.cached_attention(
+      q.reshape(b, kv_heads, h // kv_heads, hd), k_all, v_all, layer, row_ids, q_slot[:, 0], mask
+    )
+    return out.reshape(b, 1, h * hd).astype(dt)
+
+  def default(q, k_all, v_all, q_slot, mask):
+    return attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dt, config.cache_block)
+
+  return jax.lax.platform_dependent(q, k_all, v_all, q_slot, mask, cpu=cpu, default=default)

@@ -24,10 +24,17 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.model import cpu_kernels
 from empo2_jax.model.attention import flash_attention
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.model.grad_accum import scan_accumulating
-from empo2_jax.model.kv_cache import NEG_INF, attend_cached, write_cache, write_rows
+from empo2_jax.model.kv_cache import (
+  NEG_INF,
+  attend_cached,
+  attend_cached_kernel,
+  write_cache,
+  write_rows,
+)
 from empo2_jax.parallel.sharding import BATCH_AXES, shard_activation
 
 Params = dict[str, Any]
@@ -173,7 +180,7 @@ def _attend_causal(q, k, v, allowed, dtype, block: int):
   return jnp.concatenate(outs, axis=1)
 
 
-def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
+def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend, kernels: bool = False):
   """One pre-norm decoder block.
 
   Args:
@@ -183,6 +190,8 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
     cos, sin: [B, T, hd] float32 RoPE tables (rope_cos_sin).
     attend: (q [B, T, H, hd], k, v [B, T, K, hd]) -> (out [B, T, H*hd], aux); does the attention
       (and any cache write).
+    kernels: a decode step with model/cpu_kernels.py: a weight whose transposed copy the layer
+      holds (`with_transposed`, key name + "_t") is multiplied by cpu_kernels.product.
   Returns:
     (x [B, T, D], aux): the block's output and attend's aux.
   """
@@ -192,6 +201,11 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
   def w(n):
     return layer[n].astype(dt)
 
+  def mm(y, n):  # y @ weight n
+    if kernels and n + "_t" in layer:
+      return cpu_kernels.product(y, w(n), layer[n + "_t"]).astype(dt)
+    return y @ w(n)
+
   def rows(y):  # [B, T, D]: rows split, width whole
     return shard_activation(y, BATCH_AXES, None, None)
 
@@ -200,7 +214,7 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
 
   x = rows(x)
   h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
-  q, k, v = heads(h @ w("wq")), heads(h @ w("wk")), heads(h @ w("wv"))
+  q, k, v = heads(mm(h, "wq")), heads(mm(h, "wk")), heads(mm(h, "wv"))
   if c.attention_bias:
     q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
   q = q.reshape(b, t, c.num_heads, c.head_dim)
@@ -208,11 +222,11 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend):
   v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
   attn, aux = attend(q, k, v)
-  x = rows(x + heads(attn) @ w("wo"))
+  x = rows(x + mm(heads(attn), "wo"))
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
-  mlp = jax.nn.silu(heads(h @ w("w_gate"))) * heads(h @ w("w_up"))
-  x = rows(x + mlp @ w("w_down"))
+  mlp = jax.nn.silu(heads(mm(h, "w_gate"))) * heads(mm(h, "w_up"))
+  x = rows(x + mm(mlp, "w_down"))
   return x, aux
 
 
@@ -230,6 +244,43 @@ def split_layers(params: Params) -> Params:
   layers = params["layers"]
   n = len(next(iter(layers.values())))
   return dict(params, layers=[{k: v[i] for k, v in layers.items()} for i in range(n)])
+
+
+# the layer weights a decode step multiplies ([in, out] each)
+PRODUCT_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def with_transposed(params: Params, config: LlamaConfig) -> Params:
+  """params plus a transposed ([out, in]) copy of each layer weight (key name + "_t") and, when
+  untied, of the output embedding ("lm_head_t"): the layout the decode kernels read in one pass
+  (model/cpu_kernels.py). Works on stacked or split layers; costs a second copy of those weights."""
+
+  def add(layer):
+    return dict(layer, **{n + "_t": jnp.swapaxes(layer[n], -1, -2) for n in PRODUCT_WEIGHTS})
+
+  layers = params["layers"]
+  layers = [add(x) for x in layers] if isinstance(layers, (list, tuple)) else add(layers)
+  out = dict(params, layers=layers)
+  if not config.tie_word_embeddings:
+    out["lm_head_t"] = params["lm_head"].T
+  return out
+
+
+def decode_kernels(config: LlamaConfig) -> bool:
+  """Whether a one-token cached forward runs model/cpu_kernels.py (config.decode_kernels, the
+  compute dtype and the default backend; trace-time)."""
+  return cpu_kernels.use_kernels(config.decode_kernels, config.compute_dtype)
+
+
+def logits(params: Params, config: LlamaConfig, x: jax.Array, kernels: bool = False) -> jax.Array:
+  """[..., D] final hidden states -> [..., V] float32 logits in the compute dtype; with `kernels`,
+  through cpu_kernels.product over the [V, D] tied embedding or "lm_head_t" when there is one."""
+  dt = config.jnp_compute_dtype
+  w = output_embedding(params, config).astype(dt)
+  w_t = params["embed"] if config.tie_word_embeddings else params.get("lm_head_t")
+  if kernels and w_t is not None:
+    return cpu_kernels.product(x.astype(dt), w, w_t)
+  return jnp.einsum("...d,dv->...v", x.astype(dt), w).astype(jnp.float32)
 
 
 def output_embedding(params: Params, config: LlamaConfig) -> jax.Array:
@@ -292,6 +343,7 @@ def forward(
   x = params["embed"][tokens].astype(dt)
   cos, sin = rope_cos_sin(positions, rope_inv_freq(c))
 
+  kernels = False
   if cache is None:
     if c.attention_impl == "dense":
       causal = jnp.tril(jnp.ones((t, t), bool))
@@ -333,6 +385,7 @@ def forward(
       row_mask = write_rows(cache["mask"][cache_rows], attention_mask, cache_index)
       new_mask = cache["mask"].at[cache_rows].set(row_mask)
     q_slot = cache_index[:, None] + jnp.arange(t)[None, :]  # [B, T]
+    kernels = t == 1 and decode_kernels(c)
 
     # The cache rides in the carry and each layer scatters its new keys/values into it in place
     # (as scan inputs/outputs, every call would copy the whole [L, B, K, S, hd] cache: decode does
@@ -344,10 +397,13 @@ def forward(
       def attend(q, k, v):
         k2 = write_cache(k_all, i, k, cache_index, cache_rows)
         v2 = write_cache(v_all, i, v, cache_index, cache_rows)
-        out = attend_cached(q, k2, v2, i, cache_rows, q_slot, row_mask, dt, c.cache_block)
+        if kernels and k2.dtype == jnp.float32:
+          out = attend_cached_kernel(q, k2, v2, i, cache_rows, q_slot, row_mask, c)
+        else:
+          out = attend_cached(q, k2, v2, i, cache_rows, q_slot, row_mask, dt, c.cache_block)
         return out, (k2, v2)
 
-      h, (k_all, v_all) = decoder_layer(c, h, layer, cos, sin, attend)
+      h, (k_all, v_all) = decoder_layer(c, h, layer, cos, sin, attend, kernels=kernels)
       return (h, k_all, v_all), None
 
     carry = (x, cache["k"], cache["v"])
@@ -362,10 +418,7 @@ def forward(
     x, *kv_out = carry
 
   x = rms_norm(x, params["final_norm"], c.rms_norm_eps)
-  if return_hidden:
-    out = x
-  else:
-    out = jnp.einsum("btd,dv->btv", x, output_embedding(params, c).astype(dt)).astype(jnp.float32)
+  out = x if return_hidden else logits(params, c, x, kernels=cache is not None and kernels)
   if cache is None:
     return out
   return out, {"k": kv_out[0], "v": kv_out[1], "mask": new_mask}

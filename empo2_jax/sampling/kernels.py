@@ -95,9 +95,9 @@ def choose(logits_bv: jax.Array, keys_b: jax.Array, step, temperature, top_p, to
 
 
 def logits_from_hidden(params, config: LlamaConfig, hidden_bd: jax.Array) -> jax.Array:
-  """[B, D] final hidden states -> [B, V] float32 logits (computed in config's compute dtype)."""
-  w = llama.output_embedding(params, config).astype(config.jnp_compute_dtype)
-  return jnp.einsum("bd,dv->bv", hidden_bd.astype(config.jnp_compute_dtype), w).astype(jnp.float32)
+  """[B, D] final hidden states -> [B, V] float32 logits (computed in config's compute dtype; by
+  the decode kernels where a decode step uses them, llama.decode_kernels)."""
+  return llama.logits(params, config, hidden_bd, kernels=llama.decode_kernels(config))
 
 
 def prefill_chunk(

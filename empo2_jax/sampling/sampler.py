@@ -146,20 +146,27 @@ class Engine:
     settings: SamplerSettings = SamplerSettings(),
     mesh: Optional[jax.sharding.Mesh] = None,
   ):
+    if mesh is not None and mesh.size > 1 and config.decode_kernels == "auto":
+      # the CPU decode kernels have no sharding rule (XLA would gather their operands)
+      config = dataclasses.replace(config, decode_kernels="xla")
     self.config, self.settings, self.mesh = config, settings, mesh
     self.traces: collections.Counter = collections.Counter()
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
     self._prefill_rows = jax.jit(self._prefill_rows_impl, donate_argnums=(1, 2))
     self._split = jax.jit(llama.split_layers)
+    self._transposed = jax.jit(functools.partial(llama.with_transposed, config=config))
     self._decode = jax.jit(
       self._decode_impl, static_argnames=("mode", "buffer"), donate_argnums=(1,)
     )
 
   def prepare(self, params):
-    """The params as prefill and decode take them fastest (split_layers), computed once."""
-    if not self.settings.split_layers or isinstance(params["layers"], (list, tuple)):
-      return params
-    return self._split(params)
+    """The params as prefill and decode take them fastest, computed once: split_layers, and with
+    the CPU decode kernels (llama.decode_kernels) a transposed copy of the weights they read."""
+    if self.settings.split_layers and not isinstance(params["layers"], (list, tuple)):
+      params = self._split(params)
+    if llama.decode_kernels(self.config) and "wq_t" not in _first_layer(params):
+      params = self._transposed(params)
+    return params
 
   @property
   def num_traces(self) -> int:
@@ -363,6 +370,11 @@ class Engine:
       buffer=buf,
     )
     return cache, np.asarray(toks), np.asarray(lps), np.asarray(counts), np.asarray(lengths)
+
+
+def _first_layer(params):
+  layers = params["layers"]
+  return layers[0] if isinstance(layers, (list, tuple)) else layers
 
 
 def get_engine(

@@ -1,0 +1,421 @@
+// CPU kernels for the sampler's decode step, called from JAX through the XLA FFI
+// (empo2_jax/model/cpu_kernels.py builds this file and registers the handlers).
+//
+// A decode step multiplies a few rows (one token per sampled row) by every weight matrix and
+// attends over the filled part of the KV cache. Both are passes over memory: the products read
+// each weight once, the attention reads each row's keys and values once. XLA:CPU runs the few-row
+// products at a fraction of the bandwidth and copies every dynamically sliced cache block before
+// its product; these kernels read the weights and the cache in place, in one pass, on XLA's
+// intra-op thread pool.
+//
+//   empo2_rows_matmul     x [M, K] @ w [K, N] -> [M, N]               (w as stored)
+//   empo2_rows_matmul_nt  x [M, K] @ w [N, K]^T -> [M, N]             (e.g. a tied embedding)
+//   empo2_cached_attention  q [B, Kh, G, hd], k/v [L, B', Kh, S, hd] (the whole cache), layer []
+//                         (which of the L to read), rows [B] (the cache row of each batch row),
+//                         last [B] (the query's slot), mask [B, S] -> [B, Kh, G, hd]: softmax over the slots s <= last[b] with
+//                         mask[b, s] > 0 of (q . k_s) / sqrt(hd), times v; zeros if none.
+// All float32, accumulation in float32.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Runs fn(begin, end) over [0, n) in `chunks` pieces on the pool and the calling thread; returns
+// when every piece is done. A piece is claimed by whoever gets to it first, so the call finishes
+// even if no pool thread ever starts (a task that starts late finds nothing left and returns
+// without touching fn's data).
+template <typename F>
+void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t chunks, F fn) {
+  chunks = std::max<int64_t>(1, std::min(chunks, n));
+  struct State {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  auto state = std::make_shared<State>();
+  auto work = [state, n, chunks, fn]() {
+    for (;;) {
+      int64_t c = state->next.fetch_add(1);
+      if (c >= chunks) return;
+      fn(n * c / chunks, n * (c + 1) / chunks);
+      if (state->done.fetch_add(1) + 1 == chunks) {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->cv.notify_all();
+      }
+    }
+  };
+  int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work]() { work(); });
+  work();
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->done.load() == chunks; });
+}
+
+inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// out[r, n0:n1] = x[r, :] @ w[:, n0:n1] for rows r0 <= r < r0 + 4 (fewer at the end), w [K, N].
+// Columns go 16 at a time (two vectors x four rows = eight accumulators); the tail one by one.
+void MatmulColumns(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n,
+                   int64_t n0, int64_t n1) {
+  for (int64_t r0 = 0; r0 < m; r0 += 4) {
+    const int64_t rows = std::min<int64_t>(4, m - r0);
+    int64_t j = n0;
+    for (; j + 16 <= n1; j += 16) {
+      __m256 acc[4][2];
+      for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+      const float* wp = w + j;
+      if (rows == 4) {
+        const float* x0 = x + (r0 + 0) * k;
+        const float* x1 = x + (r0 + 1) * k;
+        const float* x2 = x + (r0 + 2) * k;
+        const float* x3 = x + (r0 + 3) * k;
+        for (int64_t i = 0; i < k; ++i, wp += n) {
+          const __m256 w0 = _mm256_loadu_ps(wp), w1 = _mm256_loadu_ps(wp + 8);
+          __m256 b = _mm256_broadcast_ss(x0 + i);
+          acc[0][0] = _mm256_fmadd_ps(b, w0, acc[0][0]);
+          acc[0][1] = _mm256_fmadd_ps(b, w1, acc[0][1]);
+          b = _mm256_broadcast_ss(x1 + i);
+          acc[1][0] = _mm256_fmadd_ps(b, w0, acc[1][0]);
+          acc[1][1] = _mm256_fmadd_ps(b, w1, acc[1][1]);
+          b = _mm256_broadcast_ss(x2 + i);
+          acc[2][0] = _mm256_fmadd_ps(b, w0, acc[2][0]);
+          acc[2][1] = _mm256_fmadd_ps(b, w1, acc[2][1]);
+          b = _mm256_broadcast_ss(x3 + i);
+          acc[3][0] = _mm256_fmadd_ps(b, w0, acc[3][0]);
+          acc[3][1] = _mm256_fmadd_ps(b, w1, acc[3][1]);
+        }
+      } else {
+        for (int64_t i = 0; i < k; ++i, wp += n) {
+          const __m256 w0 = _mm256_loadu_ps(wp), w1 = _mm256_loadu_ps(wp + 8);
+          for (int r = 0; r < rows; ++r) {
+            const __m256 b = _mm256_broadcast_ss(x + (r0 + r) * k + i);
+            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+          }
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        _mm256_storeu_ps(out + (r0 + r) * n + j, acc[r][0]);
+        _mm256_storeu_ps(out + (r0 + r) * n + j + 8, acc[r][1]);
+      }
+    }
+    for (; j < n1; ++j) {
+      for (int r = 0; r < rows; ++r) {
+        float s = 0.f;
+        for (int64_t i = 0; i < k; ++i) s += x[(r0 + r) * k + i] * w[i * n + j];
+        out[(r0 + r) * n + j] = s;
+      }
+    }
+  }
+}
+
+// out[r0:r0+R, j:j+NW] for weight rows j.. of w [N, K]: R x NW dot products of length K at once
+// (R*NW accumulators; each loaded vector of x or w feeds NW or R multiply-adds).
+template <int R, int NW>
+inline void DotTile(const float* x, const float* w, float* out, int64_t k, int64_t n, int64_t r0,
+                    int64_t j) {
+  const int64_t kv = k / 8 * 8;
+  __m256 acc[R][NW];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < kv; i += 8) {
+    __m256 wv[NW];
+    for (int c = 0; c < NW; ++c) wv[c] = _mm256_loadu_ps(w + (j + c) * k + i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + (r0 + r) * k + i);
+      for (int c = 0; c < NW; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NW; ++c) {
+      float s = HorizontalSum(acc[r][c]);
+      for (int64_t i = kv; i < k; ++i) s += x[(r0 + r) * k + i] * w[(j + c) * k + i];
+      out[(r0 + r) * n + j + c] = s;
+    }
+}
+
+template <int NW>
+inline void DotColumns(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n,
+                       int64_t j) {
+  int64_t r0 = 0;
+  for (; r0 + 4 <= m; r0 += 4) DotTile<4, NW>(x, w, out, k, n, r0, j);
+  for (; r0 < m; ++r0) DotTile<1, NW>(x, w, out, k, n, r0, j);
+}
+
+// out[:, n0:n1] = x @ w[n0:n1, :]^T, w [N, K]: weight rows go three at a time (the tail one by
+// one) and each is read from memory once while it is dotted with every row of x.
+void MatmulRowsNT(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n,
+                  int64_t n0, int64_t n1) {
+  int64_t j = n0;
+  for (; j + 3 <= n1; j += 3) DotColumns<3>(x, w, out, m, k, n, j);
+  for (; j < n1; ++j) DotColumns<1>(x, w, out, m, k, n, j);
+}
+
+int64_t Chunks(ffi::ThreadPool& pool, int64_t n, int64_t grain) {
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  return std::max<int64_t>(1, std::min(n / grain, 4 * threads));
+}
+
+ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                      ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0])
+    return ffi::Error::InvalidArgument("empo2_rows_matmul: need x [M, K] and w [K, N]");
+  const int64_t m = xd[0], k = xd[1], n = wd[1];
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* op = out->typed_data();
+  // column ranges a multiple of 16 wide, so only the last range has a scalar tail
+  const int64_t groups = (n + 15) / 16;
+  ParallelFor(pool, groups, Chunks(pool, groups, 8), [=](int64_t a, int64_t b) {
+    MatmulColumns(xp, wp, op, m, k, n, a * 16, std::min(n, b * 16));
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error RowsMatmulNT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                        ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
+    return ffi::Error::InvalidArgument("empo2_rows_matmul_nt: need x [M, K] and w [N, K]");
+  const int64_t m = xd[0], k = xd[1], n = wd[0];
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* op = out->typed_data();
+  ParallelFor(pool, n, Chunks(pool, n, 64),
+              [=](int64_t a, int64_t b) { MatmulRowsNT(xp, wp, op, m, k, n, a, b); });
+  return ffi::Error::Success();
+}
+
+// exp(x) for eight floats: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-7 polynomial
+// (Cephes' expf coefficients; relative error ~1e-7 over float's range), times 2^n built in the
+// exponent bits. Inputs below -87.3 give 0 (and -inf, a masked slot, gives 0).
+inline __m256 Exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_floor_ps(
+      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(zero_mask, y);
+}
+
+// [sum(a[0]), ..., sum(a[7])] as one vector.
+inline __m256 Sum8x8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+constexpr int64_t kChunk = 64;  // slots whose keys (or values) stay in L1 across a group's heads
+
+// One (batch row, KV head) with head_dim = 8 * NV: the G query heads of the group over that head's
+// keys and values [S, hd], slots 0..n-1. Scores chunk by chunk (each chunk's keys read once for
+// all G heads), a softmax per head, then the values chunk by chunk the same way.
+template <int NV>
+void AttendVec(const float* q, const float* kh, const float* vh, const int32_t* mask, int64_t n,
+               int64_t g, float* out, std::vector<float>& scores) {
+  constexpr int64_t hd = 8 * NV;
+  const int64_t n8 = (n + 7) / 8 * 8;  // scores padded to whole vectors (pad slots get -inf)
+  scores.assign(g * n8, -INFINITY);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    for (int64_t h = 0; h < g; ++h) {
+      __m256 qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = _mm256_loadu_ps(q + h * hd + 8 * v);
+      float* sc = scores.data() + h * n8;
+      int64_t s = c0;
+      for (; s + 8 <= c1; s += 8) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; ++j) {
+          const float* ks = kh + (s + j) * hd;
+          __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(ks));
+          for (int v = 1; v < NV; ++v) a = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(ks + 8 * v), a);
+          acc[j] = a;
+        }
+        _mm256_storeu_ps(sc + s, _mm256_mul_ps(Sum8x8(acc), _mm256_set1_ps(scale)));
+      }
+      for (; s < c1; ++s) {
+        const float* ks = kh + s * hd;
+        __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(ks));
+        for (int v = 1; v < NV; ++v) a = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(ks + 8 * v), a);
+        sc[s] = HorizontalSum(a) * scale;
+      }
+    }
+  }
+  for (int64_t h = 0; h < g; ++h) {
+    float* sc = scores.data() + h * n8;
+    float best = -INFINITY;
+    for (int64_t s = 0; s < n; ++s) {
+      if (mask[s] <= 0) sc[s] = -INFINITY;
+      best = std::max(best, sc[s]);
+    }
+    float* o = out + h * hd;
+    std::fill(o, o + hd, 0.f);
+    if (best == -INFINITY) {  // no slot seen: zeros, and no weight on any value
+      std::fill(sc, sc + n8, 0.f);
+      continue;
+    }
+    __m256 total = _mm256_setzero_ps();
+    const __m256 m = _mm256_set1_ps(best);
+    for (int64_t s = 0; s < n8; s += 8) {
+      const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + s), m));
+      _mm256_storeu_ps(sc + s, p);
+      total = _mm256_add_ps(total, p);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / HorizontalSum(total));
+    for (int64_t s = 0; s < n8; s += 8)
+      _mm256_storeu_ps(sc + s, _mm256_mul_ps(_mm256_loadu_ps(sc + s), inv));
+  }
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    for (int64_t h = 0; h < g; ++h) {
+      const float* p = scores.data() + h * n8;
+      float* o = out + h * hd;
+      __m256 acc[NV];
+      for (int v = 0; v < NV; ++v) acc[v] = _mm256_loadu_ps(o + 8 * v);
+      for (int64_t s = c0; s < c1; ++s) {
+        if (p[s] == 0.f) continue;  // masked (or negligible) slots: their values are never read
+        const __m256 b = _mm256_set1_ps(p[s]);
+        const float* vs = vh + s * hd;
+        for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(vs + 8 * v), acc[v]);
+      }
+      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
+    }
+  }
+}
+
+// Any head_dim: the same computation with scalar loops.
+void AttendScalar(const float* q, const float* kh, const float* vh, const int32_t* mask, int64_t n,
+                  int64_t g, int64_t hd, float* out, std::vector<float>& scores) {
+  scores.assign(g * n, -INFINITY);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t h = 0; h < g; ++h) {
+    float* sc = scores.data() + h * n;
+    float best = -INFINITY;
+    for (int64_t s = 0; s < n; ++s) {
+      if (mask[s] <= 0) continue;
+      float d = 0.f;
+      for (int64_t i = 0; i < hd; ++i) d += q[h * hd + i] * kh[s * hd + i];
+      sc[s] = d * scale;
+      best = std::max(best, sc[s]);
+    }
+    float* o = out + h * hd;
+    std::fill(o, o + hd, 0.f);
+    if (best == -INFINITY) continue;
+    float total = 0.f;
+    for (int64_t s = 0; s < n; ++s) total += sc[s] = mask[s] > 0 ? std::exp(sc[s] - best) : 0.f;
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t i = 0; i < hd; ++i) o[i] += sc[s] / total * vh[s * hd + i];
+  }
+}
+
+void AttendOne(const float* q, const float* kh, const float* vh, const int32_t* mask, int64_t last,
+               int64_t g, int64_t hd, float* out, std::vector<float>& scores) {
+  if (hd == 64) return AttendVec<8>(q, kh, vh, mask, last + 1, g, out, scores);
+  if (hd == 128) return AttendVec<16>(q, kh, vh, mask, last + 1, g, out, scores);
+  AttendScalar(q, kh, vh, mask, last + 1, g, hd, out, scores);
+}
+
+ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> layer,
+                           ffi::Buffer<ffi::S32> rows,
+                           ffi::Buffer<ffi::S32> last, ffi::Buffer<ffi::S32> mask,
+                           ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions(), kd = k.dimensions(), md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 5 || md.size() != 2 || qd[1] != kd[2] || qd[3] != kd[4] ||
+      md[0] != qd[0] || md[1] != kd[3] || layer.element_count() != 1 ||
+      rows.element_count() != qd[0] || last.element_count() != qd[0])
+    return ffi::Error::InvalidArgument(
+        "empo2_cached_attention: need q [B, Kh, G, hd], k/v [L, B', Kh, S, hd], layer [], rows "
+        "[B], last [B], mask [B, S]");
+  const int64_t b = qd[0], kvh = qd[1], g = qd[2], hd = qd[3], b_all = kd[1], s = kd[3];
+  const int64_t li = layer.typed_data()[0];
+  if (li < 0 || li >= kd[0])
+    return ffi::Error::InvalidArgument("empo2_cached_attention: the layer index is out of range");
+  const float* qp = q.typed_data();
+  const float* kp = k.typed_data();
+  const float* vp = v.typed_data();
+  const int32_t* rp = rows.typed_data();
+  const int32_t* lp = last.typed_data();
+  const int32_t* mp = mask.typed_data();
+  float* op = out->typed_data();
+  for (int64_t i = 0; i < b; ++i)
+    if (rp[i] < 0 || rp[i] >= b_all)
+      return ffi::Error::InvalidArgument("empo2_cached_attention: a row index is out of range");
+  ParallelFor(pool, b * kvh, b * kvh, [=](int64_t a, int64_t e) {
+    std::vector<float> scores;
+    for (int64_t t = a; t < e; ++t) {
+      const int64_t bi = t / kvh, h = t % kvh;
+      const int64_t last_slot = std::min<int64_t>(lp[bi], s - 1);
+      const int64_t off = ((li * b_all + rp[bi]) * kvh + h) * s * hd;
+      float* o = op + (bi * kvh + h) * g * hd;
+      if (last_slot < 0) {
+        std::fill(o, o + g * hd, 0.f);
+        continue;
+      }
+      AttendOne(qp + (bi * kvh + h) * g * hd, kp + off, vp + off, mp + bi * s, last_slot, g, hd, o,
+                scores);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2RowsMatmul, RowsMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2RowsMatmulNT, RowsMatmulNT,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2CachedAttention, CachedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

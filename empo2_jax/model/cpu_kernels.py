@@ -1,0 +1,172 @@
+"""The decode step's CPU kernels (cpu_kernels.cc): built on first use, called through the XLA FFI.
+
+On the CPU backend a sampler decode step is a pass over memory: a product of a few rows (one token
+per sampled row) with every weight matrix, and attention over the filled part of each row's KV
+cache. XLA:CPU runs few-row products well below the machine's bandwidth and copies each
+dynamically sliced cache block before reading it; the kernels read weights and cache in place,
+once, on XLA's intra-op threads. `LlamaConfig.decode_kernels` chooses them ("auto": on the CPU
+backend for float32 when they build; "xla": never; "cpu": always, an error if they cannot build).
+
+Build: the first call compiles cpu_kernels.cc with the C++ compiler (`CXX`, default g++; x86-64
+with AVX2 and FMA, `-march=native`) against jax's FFI headers into a cache folder
+(`EMPO2_KERNEL_CACHE`, default ~/.cache/empo2_jax/kernels), keyed by the source, the flags and the
+jax version, so later processes load the library without compiling. When the build fails,
+`available()` is False and `build_error()` says why; "auto" then keeps XLA's products.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from empo2_jax.model.configs import DECODE_KERNELS
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+TARGETS = {  # FFI target name -> exported handler symbol
+  "empo2_rows_matmul": "Empo2RowsMatmul",
+  "empo2_rows_matmul_nt": "Empo2RowsMatmulNT",
+  "empo2_cached_attention": "Empo2CachedAttention",
+}
+_ERROR: list[str] = []
+
+
+def cache_dir() -> Path:
+  """Where built libraries are kept (EMPO2_KERNEL_CACHE, default ~/.cache/empo2_jax/kernels)."""
+  env = os.environ.get("EMPO2_KERNEL_CACHE")
+  return Path(env) if env else Path.home() / ".cache" / "empo2_jax" / "kernels"
+
+
+def _library_path(cxx: str) -> Path:
+  key = hashlib.sha256()
+  for part in (SOURCE.read_bytes(), " ".join((cxx,) + FLAGS).encode(), jax.__version__.encode()):
+    key.update(part)
+  return cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+
+
+def _build(cxx: str) -> Path:
+  """The library's path, compiling it first if the cache lacks it (written to a temporary name
+  and renamed, so processes building at once never load a half-written file)."""
+  path = _library_path(cxx)
+  if path.exists():
+    return path
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+  os.close(fd)
+  cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+  try:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+      errors = [ln for ln in done.stderr.splitlines() if "error" in ln] or [done.stderr.strip()]
+      raise RuntimeError(f"{' '.join(cmd)} failed: {' | '.join(errors)[:2000]}")
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return path
+
+
+@lru_cache(maxsize=None)
+def available() -> bool:
+  """True once the library is built, loaded and its targets registered with XLA (CPU platform);
+  False if that failed (build_error() says why). Tried once per process."""
+  try:
+    lib = ctypes.cdll.LoadLibrary(str(_build(os.environ.get("CXX", "g++"))))
+    for name, symbol in TARGETS.items():
+      jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+  except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+    _ERROR[:] = [f"{type(e).__name__}: {e}"]
+    return False
+  return True
+
+
+def build_error() -> Optional[str]:
+  """Why `available()` is False (None when it is True or was not tried)."""
+  return _ERROR[0] if _ERROR else None
+
+
+def use_kernels(mode: str, dtype, backend: Optional[str] = None) -> bool:
+  """Whether a decode step runs these kernels under `mode` (one of DECODE_KERNELS) for values of
+  `dtype` on `backend` (default jax's default). ValueError: an unknown mode, or "cpu" where the
+  kernels cannot run; RuntimeError: "cpu" and the kernels did not build."""
+  if mode not in DECODE_KERNELS:
+    raise ValueError(f"decode_kernels={mode!r}: choose one of {DECODE_KERNELS}")
+  if mode == "xla":
+    return False
+  backend = backend or jax.default_backend()
+  fits = backend == "cpu" and jnp.dtype(dtype) == jnp.float32
+  if mode == "auto":
+    return fits and available()
+  if not fits:
+    raise ValueError(
+      f"decode_kernels='cpu' runs float32 on the CPU backend; this is {jnp.dtype(dtype).name} on "
+      f"{backend}: use decode_kernels='auto' or 'xla'"
+    )
+  if not available():
+    raise RuntimeError(f"decode_kernels='cpu': the kernels did not build: {build_error()}")
+  return True
+
+
+def _require():
+  if not available():
+    raise RuntimeError(f"the CPU decode kernels did not build: {build_error()}")
+
+
+def rows_matmul(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
+  """x [..., K] @ w ([K, N], or [N, K] with transposed=True) -> [..., N] float32, in one pass over
+  w: for a few rows (a decode step's tokens). CPU platform only."""
+  _require()
+  k = x.shape[-1]
+  n = w.shape[0] if transposed else w.shape[1]
+  x2 = x.reshape(-1, k).astype(jnp.float32)
+  out = jax.ffi.ffi_call(
+    "empo2_rows_matmul_nt" if transposed else "empo2_rows_matmul",
+    jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
+  )(x2, w.astype(jnp.float32))
+  return out.reshape(x.shape[:-1] + (n,))
+
+
+def product(x: jax.Array, w: jax.Array, w_t: jax.Array) -> jax.Array:
+  """x [..., K] @ w [K, N]: on the CPU platform by `rows_matmul` over w_t (w transposed, [N, K]),
+  elsewhere by XLA (the choice is made when the program is lowered for its platform)."""
+  return jax.lax.platform_dependent(
+    x, w, w_t, cpu=lambda x, w, w_t: rows_matmul(x, w_t, transposed=True), default=_xla_product
+  )
+
+
+def _xla_product(x, w, w_t):
+  return (x @ w).astype(jnp.float32)
+
+
+def cached_attention(q, k_all, v_all, layer, rows, last, mask) -> jax.Array:
+  """One query per row over one layer of the cache, read in place.
+
+  Args:
+    q: [B, Kh, G, hd] float32 (G query heads per KV head).
+    k_all, v_all: [L, B', Kh, S, hd] float32, the whole cache.
+    layer: int scalar, the layer to read.
+    rows: [B] int32, the cache row of each batch row.
+    last: [B] int32, the query's slot: slots 0..last[b] with mask[b, s] > 0 are seen.
+    mask: [B, S] int32.
+  Returns:
+    [B, Kh, G, hd] float32: softmax(q k^T / sqrt(hd)) v over the seen slots; zeros if none.
+    CPU platform only.
+  """
+  _require()
+  return jax.ffi.ffi_call("empo2_cached_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+    q.astype(jnp.float32),
+    k_all,
+    v_all,
+    jnp.asarray(layer, jnp.int32).reshape(()),
+    jnp.asarray(rows, jnp.int32),
+    jnp.asarray(last, jnp.int32),
+    jnp.asarray(mask, jnp.int32),
+  )

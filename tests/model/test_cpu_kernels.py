@@ -1,0 +1,132 @@
+"""The decode step's CPU kernels (model/cpu_kernels.cc) against numpy float64, and the cached
+forward with them against the same forward on XLA's products."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from empo2_jax.model import cpu_kernels, kv_cache, llama
+from empo2_jax.model.configs import LlamaConfig
+
+pytestmark = pytest.mark.skipif(
+  jax.default_backend() != "cpu" or not cpu_kernels.available(),
+  reason=f"CPU decode kernels unavailable: {cpu_kernels.build_error()}",
+)
+
+
+def reference_attention(q, k_all, v_all, layer, rows, last, mask):
+  q, k_all, v_all = (np.asarray(a, np.float64) for a in (q, k_all, v_all))
+  out = np.zeros(q.shape)
+  for i in range(q.shape[0]):
+    seen = (np.arange(k_all.shape[3]) <= last[i]) & (np.asarray(mask)[i] > 0)
+    if not seen.any():
+      continue
+    k, v = k_all[layer, rows[i]][:, seen], v_all[layer, rows[i]][:, seen]  # [Kh, n, hd]
+    sc = np.einsum("kgd,knd->kgn", q[i], k) / np.sqrt(q.shape[-1])
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    out[i] = np.einsum("kgn,knd->kgd", p / p.sum(-1, keepdims=True), v)
+  return out
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 13])
+@pytest.mark.parametrize("k,n", [(64, 200), (72, 37), (20, 5)])
+def test_rows_matmul_matches_numpy(m, k, n):
+  rng = np.random.default_rng(m * 1000 + k + n)
+  x = rng.standard_normal((m, k)).astype(np.float32)
+  w = rng.standard_normal((k, n)).astype(np.float32)
+  want = x.astype(np.float64) @ w
+  got = jax.jit(cpu_kernels.rows_matmul)(x, w)
+  got_t = jax.jit(lambda x, w: cpu_kernels.rows_matmul(x, w, transposed=True))(x, w.T.copy())
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(got_t), want, rtol=1e-5, atol=1e-4)
+  got_p = jax.jit(cpu_kernels.product)(x[:, None], w, w.T.copy())  # [M, 1, K] rows
+  np.testing.assert_allclose(np.asarray(got_p)[:, 0], want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("hd", [64, 128, 12])  # vector paths (8 or 16 vectors), scalar path
+def test_cached_attention_matches_numpy(hd):
+  rng = np.random.default_rng(hd)
+  layers, cache_rows, kvh, slots, g = 3, 5, 2, 300, 3
+  k_all = rng.standard_normal((layers, cache_rows, kvh, slots, hd)).astype(np.float32)
+  v_all = rng.standard_normal((layers, cache_rows, kvh, slots, hd)).astype(np.float32)
+  q = rng.standard_normal((5, kvh, g, hd)).astype(np.float32)
+  rows = np.array([4, 0, 2, 1, 3], np.int32)
+  last = np.array([10, 299, 0, 150, 7], np.int32)  # slot 0 alone; the last slot
+  mask = (rng.random((5, slots)) > 0.2).astype(np.int32)
+  mask[2, 0] = 0  # row 2 sees no slot: zeros
+  q *= 3.0  # peaked softmaxes: exp's range reduction and underflow are exercised
+  got = jax.jit(cpu_kernels.cached_attention)(q, k_all, v_all, 1, rows, last, mask)
+  want = reference_attention(q, k_all, v_all, 1, rows, last, mask)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+  assert not np.asarray(got)[2].any()
+
+
+def test_use_kernels_modes():
+  assert not cpu_kernels.use_kernels("xla", jnp.float32)
+  assert cpu_kernels.use_kernels("auto", jnp.float32)
+  assert not cpu_kernels.use_kernels("auto", jnp.bfloat16)
+  with pytest.raises(ValueError, match="float32 on the CPU backend"):
+    cpu_kernels.use_kernels("cpu", jnp.bfloat16)
+  with pytest.raises(ValueError, match="valid"):
+    LlamaConfig(
+      vocab_size=8,
+      hidden_size=8,
+      intermediate_size=8,
+      num_layers=1,
+      num_heads=1,
+      num_kv_heads=1,
+      head_dim=8,
+      decode_kernels="gpu",
+    )
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_step_with_kernels_matches_xla(tied):
+  """One cached decode step (after a prefill) with the kernels and transposed weights gives
+  XLA's logits and cache."""
+  base = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=80,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=8,
+    tie_word_embeddings=tied,
+    cache_block=16,
+  )
+  cfg_x = LlamaConfig(**base, decode_kernels="xla")
+  cfg_k = LlamaConfig(**base, decode_kernels="cpu")
+  params = llama.init_params(cfg_x, jax.random.key(0), std=0.2)
+  rng = np.random.default_rng(1)
+  b, t = 3, 21
+  tokens = jnp.asarray(rng.integers(0, 97, (b, t)), jnp.int32)
+  mask = jnp.asarray(np.arange(t)[None] < np.array([[21], [9], [15]]), jnp.int32)
+  cache = kv_cache.init_cache(cfg_x, b, 64, jnp.float32)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  _, cache = llama.forward(
+    params, cfg_x, tokens, mask, positions=pos, cache=cache, cache_index=jnp.zeros(b, jnp.int32)
+  )
+  length = mask.sum(1).astype(jnp.int32)
+  nxt = jnp.asarray(rng.integers(0, 97, (b, 1)), jnp.int32)
+
+  def step(p, cfg):
+    return llama.forward(
+      p,
+      cfg,
+      nxt,
+      jnp.ones((b, 1), jnp.int32),
+      positions=length[:, None],
+      cache=cache,
+      cache_index=length,
+    )
+
+  want, cache_x = jax.jit(step, static_argnums=1)(params, cfg_x)
+  prepared = llama.with_transposed(llama.split_layers(params), cfg_k)
+  got, cache_k = jax.jit(step, static_argnums=1)(prepared, cfg_k)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(cache_k["k"]), np.asarray(cache_x["k"]), atol=1e-5)
+  text = jax.jit(step, static_argnums=1).lower(prepared, cfg_k).as_text()
+  assert "empo2_cached_attention" in text and "empo2_rows_matmul_nt" in text
