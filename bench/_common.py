@@ -170,6 +170,20 @@ def membw_gbs(mib: int = 512, iters: int = 5) -> float:
   return 2.0 * n_bytes / _best_seconds(call, iters) / 1e9
 
 
+def read_gbs(mib: int = 512, iters: int = 5) -> float:
+  """Read bandwidth: a jitted sum over a `mib` MiB fp32 array (far past the caches; nothing
+  written but a scalar), bytes read per second of the best of `iters` calls, in GB/s. A decode
+  step only reads (weights, KV cache), so this is its ceiling; membw_gbs counts a read and a write
+  per element and can be ~2x it on the same machine."""
+  import jax
+  import jax.numpy as jnp
+
+  n_bytes = mib * 2**20
+  f = jax.jit(jnp.sum)
+  x = jnp.ones((n_bytes // 4,), jnp.float32)
+  return n_bytes / _best_seconds(lambda: f(x).block_until_ready(), iters) / 1e9
+
+
 def peak_rss_gib() -> float:
   """This process's peak resident size so far (ru_maxrss), GiB."""
   import resource

@@ -12,11 +12,12 @@ Then `limits_shape matmul= m= k= n= gflops= frac_of_square=` for the matmuls of 
 what the probe's square matmul promises at these shapes, and at the shapes of the projections that
 share an input fused (q/k/v, gate/up); then a decode step's products for 1 and 8 rows, where
 weight_gbs (the [k, n] fp32 weights' bytes over the product's time) says how near a pass over the
-weights the product runs. Last line: `limits matmul_gflops=<x>
-membw_gbs=<y>`.
+weights the product runs. read: a jitted sum over a `mib` MiB array, bytes read per second (a
+decode step's ceiling: it only reads). Last line: `limits matmul_gflops=<x> membw_gbs=<y>
+read_gbs=<z>`.
 """
 
-from _common import matmul_gflops, membw_gbs, parser, platform, result
+from _common import matmul_gflops, membw_gbs, parser, platform, read_gbs, result
 
 # (name, m, k, n) of an [m, k] @ [k, n] product in the SmolLM2-135M update at learn,wide sizes
 MODEL_SHAPES = (
@@ -62,7 +63,8 @@ def main():
       frac_of_square=(g / mm, ".2f"),
       weight_gbs=(weight_gbs, ".1f"),
     )
-  result("limits", matmul_gflops=(mm, ".1f"), membw_gbs=(bw, ".2f"))
+  rd = read_gbs(args.mib, args.iters)
+  result("limits", matmul_gflops=(mm, ".1f"), membw_gbs=(bw, ".2f"), read_gbs=(rd, ".2f"))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ and where the session's time goes against this machine's limits.
 
   python bench/sampler.py [--model smollm2|0.5b-shape] [--layers 0] [--rows 8] [--prompt 1000]
                           [--growth 150] [--new 32] [--turns 10] [--cache-dtype float32]
-                          [--warmup-turns 0] [--skip-reprefill] [--skip-hf] [--profile DIR]
+                          [--warmup-turns 0] [--decode-kernels auto|cpu|xla] [--skip-reprefill]
+                          [--skip-hf] [--profile DIR]
 
 Model (bench/_common.py): SmolLM2-135M-Instruct's real weights by default, or Qwen2.5-0.5B shapes
 with random init; --layers N keeps the first N layers (0: all); fp32 params and compute, identical
@@ -23,9 +24,9 @@ seconds, compiles included. transformers compiles nothing and warms up on one tu
 turns/s counts row-turns (actions produced) per second; tokens/s counts generated tokens.
 
 Where the time goes (side (a)): first this machine's limits are probed in the same process
-(bench/limits.py's matmul_gflops and membw_gbs; on a shared machine, what was free then). The
-sampler Session's engine is wrapped so that each prefill is timed to completion and each decode call
-separately; then
+(bench/limits.py's matmul_gflops, membw_gbs and read_gbs; on a shared machine, what was free
+then). The sampler Session's engine is wrapped so that each prefill is timed to completion and
+each decode call separately; then
   `sampler_prefill s= tokens= computed= gflop= gflops_per_s= frac_of_matmul=`: tokens are the real
     new tokens prefilled, computed includes the padding of the chunks; gflop counts the matmuls the
     real tokens need: 2 x the decoder's linear weights per token + causal attention (2 x 2 x heads
@@ -36,10 +37,12 @@ separately; then
     must read: the weights once (decoder layers, final norm, output embedding) plus each active
     row's filled KV cache (layers x 2 x kv heads x head_dim x cache dtype bytes per token),
     averaged over the steps; gbs = those bytes / the step's seconds, frac_of_membw = gbs over the
-    probe (which counts read + written bytes, so a pure read could go somewhat faster).
-    dots_ms is the step's weight products alone at --rows rows (`decode_dots_ms`, timed in the
-    same process): at a few rows they run far below the square matmul probe's rate, so they, not
-    the bytes, can bound a step; frac_of_dots = dots_ms / ms_per_step.
+    probe (which counts read + written bytes: on a 2-core VM it measured ~41 GB/s where a pure
+    read ran at ~22), frac_of_read = gbs over a pure read's rate (_common.read_gbs, a sum over
+    512 MiB: what a step that only reads can approach). dots_ms is the step's weight products
+    alone at --rows rows, run as the sampler runs them (the CPU decode kernels where
+    LlamaConfig.decode_kernels picks them; `decode_dots_ms`, timed in the same process);
+    frac_of_dots = dots_ms / ms_per_step.
 With --profile DIR, one more turn runs with its prefill and its decode call each under
 jax.profiler.trace (DIR/prefill, DIR/decode: Perfetto traces) and `sampler_profile phase= op= s=
 calls=` lines give each phase's heaviest XLA op kinds by exclusive time
@@ -52,6 +55,7 @@ Last line: `sampler turns_per_s ours=<a> reprefill=<b> hf=<c> ratio_vs_hf=<a/c>`
 """
 
 import collections
+import dataclasses
 import re
 import time
 
@@ -62,6 +66,7 @@ from _common import (
   bench_model,
   matmul_gflops,
   membw_gbs,
+  read_gbs,
   model_flags,
   parser,
   platform,
@@ -196,7 +201,7 @@ class EngineTimer:
     self.totals["decode_bytes"] += steps * (self.weight_bytes + kv)
     return out
 
-  def report(self, mm_gflops: float, bw_gbs: float, dots_ms: float):
+  def report(self, mm_gflops: float, bw_gbs: float, read_gbs: float, dots_ms: float):
     t = self.totals
     gfs = t["prefill_flop"] / 1e9 / t["prefill_s"]
     result(
@@ -219,6 +224,7 @@ class EngineTimer:
       mb_per_step=(t["decode_bytes"] / steps / 1e6, ".0f"),
       gbs=(gbs, ".2f"),
       frac_of_membw=(gbs / bw_gbs, ".3f"),
+      frac_of_read=(gbs / read_gbs, ".3f"),
       dots_ms=(dots_ms, ".1f"),
       frac_of_dots=(dots_ms / (1e3 * t["decode_s"] / steps), ".3f"),
       flush=True,
@@ -228,30 +234,38 @@ class EngineTimer:
 def decode_dots_ms(params, config, rows: int, iters: int = 5) -> float:
   """The decode step's weight products alone: every layer's seven projections and the output
   embedding for a [rows, hidden] input, with the step's data dependencies and nothing else (no
-  attention, norms or sampling), each layer's weights a separate array as the sampler reads them;
+  attention, norms or sampling), each layer's weights a separate array and multiplied as the
+  sampler does (by the CPU decode kernels over transposed copies where the config picks them);
   ms of the best of `iters` calls after a warm-up. At a few rows these products run far below the
   square matmul probe's rate and are the step's compute floor."""
   import jax
   import jax.numpy as jnp
 
   from _common import _best_seconds
-  from empo2_jax.model import llama
+  from empo2_jax.model import cpu_kernels, llama
 
-  layers = llama.split_layers(params)["layers"]
-  out_emb = llama.output_embedding(params, config)
+  kernels = llama.decode_kernels(config)
+  prepared = llama.split_layers(params)
+  if kernels:
+    prepared = llama.with_transposed(prepared, config)
 
   @jax.jit
-  def step(x, layers, out_emb):
-    for w in layers:
-      q, k, v = x @ w["wq"], x @ w["wk"], x @ w["wv"]
+  def step(x, prepared):
+    def mm(x, w, n):
+      if kernels:
+        return cpu_kernels.product(x, w[n], w[n + "_t"])
+      return x @ w[n]
+
+    for w in prepared["layers"]:
+      q, k, v = mm(x, w, "wq"), mm(x, w, "wk"), mm(x, w, "wv")
       a = q + jnp.tile(k + v, (1, q.shape[1] // k.shape[1]))  # stands in for attention's output
-      x = x + a @ w["wo"]
-      x = x + ((x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
-    return x @ out_emb
+      x = x + mm(a, w, "wo")
+      x = x + mm(mm(x, w, "w_gate") * mm(x, w, "w_up"), w, "w_down")
+    return llama.logits(prepared, config, x, kernels=kernels)
 
   x = jnp.ones((rows, config.hidden_size), jnp.float32)
-  layers, out_emb = jax.device_put((layers, out_emb))
-  return 1e3 * _best_seconds(lambda: step(x, layers, out_emb).block_until_ready(), iters)
+  prepared = jax.device_put(prepared)
+  return 1e3 * _best_seconds(lambda: step(x, prepared).block_until_ready(), iters)
 
 
 _META = re.compile(r'metadata=\{[^}]*op_name="([^"]*)"')
@@ -299,6 +313,12 @@ def main():
   ap.add_argument(
     "--warmup-turns", type=int, default=0, help="untimed turns first on our sides (0: --turns)"
   )
+  ap.add_argument(
+    "--decode-kernels",
+    default="auto",
+    choices=("auto", "cpu", "xla"),
+    help="LlamaConfig.decode_kernels of our sides (xla: without the CPU decode kernels)",
+  )
   ap.add_argument("--skip-reprefill", action="store_true")
   ap.add_argument("--skip-hf", action="store_true")
   ap.add_argument("--profile", default="", help="trace one more turn's decode call here")
@@ -307,16 +327,19 @@ def main():
   import torch
   from transformers import AutoModelForCausalLM
 
+  from empo2_jax.model import llama
   from empo2_jax.sampling.sampler import SamplerSettings
   from empo2_jax.sampling.session import Session
 
   config, params, tmp, vocab = bench_model(args.model, args.layers)
+  config = dataclasses.replace(config, decode_kernels=args.decode_kernels)
   first, user = workload(np.random.default_rng(0), args, vocab)
   turns = args.turns + bool(args.profile)  # the profiled turn needs room too
   max_tokens = max(len(p) for p in first) + turns * (args.growth + 40) + args.new
   settings = SamplerSettings(cache_dtype=args.cache_dtype)
   print(
     f"model={args.model} layers={config.num_layers} fp32 cache={args.cache_dtype} rows={args.rows} "
+    f"decode_kernels={args.decode_kernels}({llama.decode_kernels(config)}) "
     f"prompt~{args.prompt} growth~{args.growth} new={args.new} turns={args.turns} "
     f"max_tokens={max_tokens} devices={platform()} "
     f"torch_threads={torch.get_num_threads()}",
@@ -348,12 +371,13 @@ def main():
       engine=warm.engine,
     )
     if name == "ours":  # the limits right before the timed run, in this process
-      mm, bw = matmul_gflops(), membw_gbs()
+      mm, bw, rd = matmul_gflops(), membw_gbs(), read_gbs()
       dots = decode_dots_ms(params, config, args.rows)
       result(
         "limits",
         matmul_gflops=(mm, ".1f"),
         membw_gbs=(bw, ".2f"),
+        read_gbs=(rd, ".2f"),
         dots_ms=(dots, ".1f"),
         flush=True,
       )
@@ -370,7 +394,7 @@ def main():
       flush=True,
     )
     if name == "ours":
-      timer.report(mm, bw, dots)
+      timer.report(mm, bw, rd, dots)
       if args.profile:
         import os
 
