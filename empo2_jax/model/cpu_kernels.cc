@@ -8,12 +8,14 @@
 // its product; these kernels read the weights and the cache in place, in one pass, on XLA's
 // intra-op thread pool.
 //
-//   empo2_rows_matmul     x [M, K] @ w [K, N] -> [M, N]               (w as stored)
-//   empo2_rows_matmul_nt  x [M, K] @ w [N, K]^T -> [M, N]             (e.g. a tied embedding)
+//   empo2_rows_matmul_nt  x [M, K] @ w [N, K]^T -> [M, N]: a transposed weight copy, or a tied
+//                         embedding as stored (the [K, N] layout as stored is read strided:
+//                         5-7 GB/s here, so the sampler keeps transposed copies instead)
 //   empo2_cached_attention  q [B, Kh, G, hd], k/v [L, B', Kh, S, hd] (the whole cache), layer []
 //                         (which of the L to read), rows [B] (the cache row of each batch row),
-//                         last [B] (the query's slot), mask [B, S] -> [B, Kh, G, hd]: softmax over the slots s <= last[b] with
-//                         mask[b, s] > 0 of (q . k_s) / sqrt(hd), times v; zeros if none.
+//                         last [B] (the query's slot), mask [B, S] -> [B, Kh, G, hd]: softmax
+//                         over the slots s <= last[b] with mask[b, s] > 0 of (q . k_s) / sqrt(hd),
+//                         times v; zeros if none.
 // All float32, accumulation in float32.
 
 #include <immintrin.h>
@@ -72,62 +74,6 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// out[r, n0:n1] = x[r, :] @ w[:, n0:n1] for rows r0 <= r < r0 + 4 (fewer at the end), w [K, N].
-// Columns go 16 at a time (two vectors x four rows = eight accumulators); the tail one by one.
-void MatmulColumns(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n,
-                   int64_t n0, int64_t n1) {
-  for (int64_t r0 = 0; r0 < m; r0 += 4) {
-    const int64_t rows = std::min<int64_t>(4, m - r0);
-    int64_t j = n0;
-    for (; j + 16 <= n1; j += 16) {
-      __m256 acc[4][2];
-      for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-      const float* wp = w + j;
-      if (rows == 4) {
-        const float* x0 = x + (r0 + 0) * k;
-        const float* x1 = x + (r0 + 1) * k;
-        const float* x2 = x + (r0 + 2) * k;
-        const float* x3 = x + (r0 + 3) * k;
-        for (int64_t i = 0; i < k; ++i, wp += n) {
-          const __m256 w0 = _mm256_loadu_ps(wp), w1 = _mm256_loadu_ps(wp + 8);
-          __m256 b = _mm256_broadcast_ss(x0 + i);
-          acc[0][0] = _mm256_fmadd_ps(b, w0, acc[0][0]);
-          acc[0][1] = _mm256_fmadd_ps(b, w1, acc[0][1]);
-          b = _mm256_broadcast_ss(x1 + i);
-          acc[1][0] = _mm256_fmadd_ps(b, w0, acc[1][0]);
-          acc[1][1] = _mm256_fmadd_ps(b, w1, acc[1][1]);
-          b = _mm256_broadcast_ss(x2 + i);
-          acc[2][0] = _mm256_fmadd_ps(b, w0, acc[2][0]);
-          acc[2][1] = _mm256_fmadd_ps(b, w1, acc[2][1]);
-          b = _mm256_broadcast_ss(x3 + i);
-          acc[3][0] = _mm256_fmadd_ps(b, w0, acc[3][0]);
-          acc[3][1] = _mm256_fmadd_ps(b, w1, acc[3][1]);
-        }
-      } else {
-        for (int64_t i = 0; i < k; ++i, wp += n) {
-          const __m256 w0 = _mm256_loadu_ps(wp), w1 = _mm256_loadu_ps(wp + 8);
-          for (int r = 0; r < rows; ++r) {
-            const __m256 b = _mm256_broadcast_ss(x + (r0 + r) * k + i);
-            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
-          }
-        }
-      }
-      for (int r = 0; r < rows; ++r) {
-        _mm256_storeu_ps(out + (r0 + r) * n + j, acc[r][0]);
-        _mm256_storeu_ps(out + (r0 + r) * n + j + 8, acc[r][1]);
-      }
-    }
-    for (; j < n1; ++j) {
-      for (int r = 0; r < rows; ++r) {
-        float s = 0.f;
-        for (int64_t i = 0; i < k; ++i) s += x[(r0 + r) * k + i] * w[i * n + j];
-        out[(r0 + r) * n + j] = s;
-      }
-    }
-  }
-}
-
 // How far ahead (floats) a weight row's stream is prefetched: 512 (2 KiB, about one 576-wide row)
 // gave 28-30 ms against 30-32 without for SmolLM2-135M's decode products on 2 cores.
 constexpr int64_t kPrefetch = 512;
@@ -170,23 +116,6 @@ void MatmulRowsNT(const float* x, const float* w, float* out, int64_t m, int64_t
 int64_t Chunks(ffi::ThreadPool& pool, int64_t n, int64_t grain) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   return std::max<int64_t>(1, std::min(n / grain, 4 * threads));
-}
-
-ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                      ffi::ResultBuffer<ffi::F32> out) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0])
-    return ffi::Error::InvalidArgument("empo2_rows_matmul: need x [M, K] and w [K, N]");
-  const int64_t m = xd[0], k = xd[1], n = wd[1];
-  const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
-  float* op = out->typed_data();
-  // column ranges a multiple of 16 wide, so only the last range has a scalar tail
-  const int64_t groups = (n + 15) / 16;
-  ParallelFor(pool, groups, Chunks(pool, groups, 8), [=](int64_t a, int64_t b) {
-    MatmulColumns(xp, wp, op, m, k, n, a * 16, std::min(n, b * 16));
-  });
-  return ffi::Error::Success();
 }
 
 ffi::Error RowsMatmulNT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
@@ -390,13 +319,6 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
 }
 
 }  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2RowsMatmul, RowsMatmul,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2RowsMatmulNT, RowsMatmulNT,
                               ffi::Ffi::Bind()

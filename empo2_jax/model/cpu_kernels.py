@@ -27,12 +27,10 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from empo2_jax.model.configs import DECODE_KERNELS
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 TARGETS = {  # FFI target name -> exported handler symbol
-  "empo2_rows_matmul": "Empo2RowsMatmul",
   "empo2_rows_matmul_nt": "Empo2RowsMatmulNT",
   "empo2_cached_attention": "Empo2CachedAttention",
 }
@@ -94,11 +92,9 @@ def build_error() -> Optional[str]:
 
 
 def use_kernels(mode: str, dtype, backend: Optional[str] = None) -> bool:
-  """Whether a decode step runs these kernels under `mode` (one of DECODE_KERNELS) for values of
-  `dtype` on `backend` (default jax's default). ValueError: an unknown mode, or "cpu" where the
-  kernels cannot run; RuntimeError: "cpu" and the kernels did not build."""
-  if mode not in DECODE_KERNELS:
-    raise ValueError(f"decode_kernels={mode!r}: choose one of {DECODE_KERNELS}")
+  """Whether a decode step runs these kernels under `mode` (one of configs.DECODE_KERNELS, which
+  LlamaConfig validates) for values of `dtype` on `backend` (default jax's default). ValueError:
+  "cpu" where the kernels cannot run; RuntimeError: "cpu" and the kernels did not build."""
   if mode == "xla":
     return False
   backend = backend or jax.default_backend()
@@ -120,17 +116,15 @@ def _require():
     raise RuntimeError(f"the CPU decode kernels did not build: {build_error()}")
 
 
-def rows_matmul(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
-  """x [..., K] @ w ([K, N], or [N, K] with transposed=True) -> [..., N] float32, in one pass over
-  w: for a few rows (a decode step's tokens). CPU platform only."""
+def rows_matmul(x: jax.Array, w_t: jax.Array) -> jax.Array:
+  """x [..., K] @ w_t[N, K]^T -> [..., N] float32, in one pass over w_t: for a few rows (a decode
+  step's tokens). CPU platform only."""
   _require()
-  k = x.shape[-1]
-  n = w.shape[0] if transposed else w.shape[1]
+  k, n = x.shape[-1], w_t.shape[0]
   x2 = x.reshape(-1, k).astype(jnp.float32)
   out = jax.ffi.ffi_call(
-    "empo2_rows_matmul_nt" if transposed else "empo2_rows_matmul",
-    jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
-  )(x2, w.astype(jnp.float32))
+    "empo2_rows_matmul_nt", jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32)
+  )(x2, w_t.astype(jnp.float32))
   return out.reshape(x.shape[:-1] + (n,))
 
 
@@ -138,7 +132,7 @@ def product(x: jax.Array, w: jax.Array, w_t: jax.Array) -> jax.Array:
   """x [..., K] @ w [K, N]: on the CPU platform by `rows_matmul` over w_t (w transposed, [N, K]),
   elsewhere by XLA (the choice is made when the program is lowered for its platform)."""
   return jax.lax.platform_dependent(
-    x, w, w_t, cpu=lambda x, w, w_t: rows_matmul(x, w_t, transposed=True), default=_xla_product
+    x, w, w_t, cpu=lambda x, w, w_t: rows_matmul(x, w_t), default=_xla_product
   )
 
 

@@ -418,7 +418,7 @@ def forward(
     x, *kv_out = carry
 
   x = rms_norm(x, params["final_norm"], c.rms_norm_eps)
-  out = x if return_hidden else logits(params, c, x, kernels=cache is not None and kernels)
+  out = x if return_hidden else logits(params, c, x, kernels=kernels)
   if cache is None:
     return out
   return out, {"k": kv_out[0], "v": kv_out[1], "mask": new_mask}
