@@ -232,11 +232,12 @@ class EngineTimer:
 
 
 def decode_dots_ms(params, config, rows: int, iters: int = 5) -> float:
-  """The decode step's weight products alone: every layer's seven projections and the output
-  embedding for a [rows, hidden] input, with the step's data dependencies and nothing else (no
-  attention, norms or sampling), each layer's weights a separate array and multiplied as the
-  sampler does (by the CPU decode kernels over transposed copies where the config picks them);
-  ms of the best of `iters` calls after a warm-up. At a few rows these products run far below the
+  """The decode step's weight products alone: every layer's seven projections (four calls: q/k/v
+  and gate/up share theirs) and the output embedding for a [rows, hidden] input, with the step's
+  data dependencies and nothing else (no attention, norms or sampling), each layer's weights a
+  separate array and multiplied as the sampler does (by the CPU decode kernels over transposed
+  copies where the config picks them); ms of the best of `iters` calls after a warm-up. At a few
+  rows these products run far below the
   square matmul probe's rate and are the step's compute floor."""
   import jax
   import jax.numpy as jnp
@@ -251,16 +252,18 @@ def decode_dots_ms(params, config, rows: int, iters: int = 5) -> float:
 
   @jax.jit
   def step(x, prepared):
-    def mm(x, w, n):
+    def mm(x, w, key):  # x @ each weight of llama.TRANSPOSED[key], as decoder_layer does
+      names = llama.TRANSPOSED[key]
       if kernels:
-        return cpu_kernels.product(x, w[n], w[n + "_t"])
-      return x @ w[n]
+        return cpu_kernels.products(x, [w[n] for n in names], w[key])
+      return [x @ w[n] for n in names]
 
     for w in prepared["layers"]:
-      q, k, v = mm(x, w, "wq"), mm(x, w, "wk"), mm(x, w, "wv")
+      q, k, v = mm(x, w, "wqkv_t")
       a = q + jnp.tile(k + v, (1, q.shape[1] // k.shape[1]))  # stands in for attention's output
-      x = x + mm(a, w, "wo")
-      x = x + mm(mm(x, w, "w_gate") * mm(x, w, "w_up"), w, "w_down")
+      x = x + mm(a, w, "wo_t")[0]
+      gate, up = mm(x, w, "w_gate_up_t")
+      x = x + mm(gate * up, w, "w_down_t")[0]
     return llama.logits(prepared, config, x, kernels=kernels)
 
   x = jnp.ones((rows, config.hidden_size), jnp.float32)

@@ -45,8 +45,6 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t chunks, F fn) {
   struct State {
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> done{0};
-    std::mutex mu;
-    std::condition_variable cv;
   };
   auto state = std::make_shared<State>();
   auto work = [state, n, chunks, fn]() {
@@ -54,17 +52,13 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t chunks, F fn) {
       int64_t c = state->next.fetch_add(1);
       if (c >= chunks) return;
       fn(n * c / chunks, n * (c + 1) / chunks);
-      if (state->done.fetch_add(1) + 1 == chunks) {
-        std::lock_guard<std::mutex> lock(state->mu);
-        state->cv.notify_all();
-      }
+      state->done.fetch_add(1, std::memory_order_release);
     }
   };
   int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work]() { work(); });
   work();
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->done.load() == chunks; });
+  while (state->done.load(std::memory_order_acquire) != chunks) _mm_pause();
 }
 
 inline float HorizontalSum(__m256 v) {
@@ -115,7 +109,7 @@ void MatmulRowsNT(const float* x, const float* w, float* out, int64_t m, int64_t
 
 int64_t Chunks(ffi::ThreadPool& pool, int64_t n, int64_t grain) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  return std::max<int64_t>(1, std::min(n / grain, 4 * threads));
+  return std::max<int64_t>(1, std::min(n / grain, 16 * threads));
 }
 
 ffi::Error RowsMatmulNT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
@@ -127,7 +121,7 @@ ffi::Error RowsMatmulNT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* op = out->typed_data();
-  ParallelFor(pool, n, Chunks(pool, n, 64),
+  ParallelFor(pool, n, Chunks(pool, n, 16),
               [=](int64_t a, int64_t b) { MatmulRowsNT(xp, wp, op, m, k, n, a, b); });
   return ffi::Error::Success();
 }

@@ -27,6 +27,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -128,16 +129,25 @@ def rows_matmul(x: jax.Array, w_t: jax.Array) -> jax.Array:
   return out.reshape(x.shape[:-1] + (n,))
 
 
-def product(x: jax.Array, w: jax.Array, w_t: jax.Array) -> jax.Array:
-  """x [..., K] @ w [K, N]: on the CPU platform by `rows_matmul` over w_t (w transposed, [N, K]),
-  elsewhere by XLA (the choice is made when the program is lowered for its platform)."""
-  return jax.lax.platform_dependent(
-    x, w, w_t, cpu=lambda x, w, w_t: rows_matmul(x, w_t), default=_xla_product
-  )
+def products(x: jax.Array, ws, w_t: jax.Array) -> list[jax.Array]:
+  """[x @ w for w in ws] (x [..., K], each w [K, N_i]) as float32: on the CPU platform one
+  `rows_matmul` over w_t, the ws joined along N and transposed ([sum N_i, K]), split after;
+  elsewhere by XLA over the ws (the choice is made when the program is lowered for its platform)."""
+  ws = list(ws)
+  sizes = [w.shape[-1] for w in ws]
+  if w_t.shape != (sum(sizes), x.shape[-1]):
+    raise ValueError(
+      f"w_t is {w_t.shape}; the ws {[w.shape for w in ws]} need {(sum(sizes), x.shape[-1])}"
+    )
 
+  def cpu(x, w_t, *ws):
+    out = rows_matmul(x, w_t)
+    return [out[..., a:b] for a, b in zip(np.cumsum([0] + sizes[:-1]), np.cumsum(sizes))]
 
-def _xla_product(x, w, w_t):
-  return (x @ w).astype(jnp.float32)
+  def other(x, w_t, *ws):
+    return [(x @ w).astype(jnp.float32) for w in ws]
+
+  return jax.lax.platform_dependent(x, w_t, *ws, cpu=cpu, default=other)
 
 
 def cached_attention(q, k_all, v_all, layer, rows, last, mask) -> jax.Array:

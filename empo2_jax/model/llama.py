@@ -190,8 +190,8 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend, kernels: bool
     cos, sin: [B, T, hd] float32 RoPE tables (rope_cos_sin).
     attend: (q [B, T, H, hd], k, v [B, T, K, hd]) -> (out [B, T, H*hd], aux); does the attention
       (and any cache write).
-    kernels: a decode step with model/cpu_kernels.py: a weight whose transposed copy the layer
-      holds (`with_transposed`, key name + "_t") is multiplied by cpu_kernels.product.
+    kernels: a decode step with model/cpu_kernels.py: the weights whose joint transposed copy the
+      layer holds (`with_transposed`, TRANSPOSED) are multiplied in one cpu_kernels.products call.
   Returns:
     (x [B, T, D], aux): the block's output and attend's aux.
   """
@@ -201,10 +201,11 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend, kernels: bool
   def w(n):
     return layer[n].astype(dt)
 
-  def mm(y, n):  # y @ weight n
-    if kernels and n + "_t" in layer:
-      return cpu_kernels.product(y, w(n), layer[n + "_t"]).astype(dt)
-    return y @ w(n)
+  def mm(y, key):  # y @ each weight of TRANSPOSED[key]
+    names = TRANSPOSED[key]
+    if kernels and key in layer:
+      return [o.astype(dt) for o in cpu_kernels.products(y, [w(n) for n in names], layer[key])]
+    return [y @ w(n) for n in names]
 
   def rows(y):  # [B, T, D]: rows split, width whole
     return shard_activation(y, BATCH_AXES, None, None)
@@ -214,7 +215,7 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend, kernels: bool
 
   x = rows(x)
   h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
-  q, k, v = heads(mm(h, "wq")), heads(mm(h, "wk")), heads(mm(h, "wv"))
+  q, k, v = (heads(y) for y in mm(h, "wqkv_t"))
   if c.attention_bias:
     q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
   q = q.reshape(b, t, c.num_heads, c.head_dim)
@@ -222,11 +223,12 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend, kernels: bool
   v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
   attn, aux = attend(q, k, v)
-  x = rows(x + mm(heads(attn), "wo"))
+  x = rows(x + mm(heads(attn), "wo_t")[0])
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
-  mlp = jax.nn.silu(heads(mm(h, "w_gate"))) * heads(mm(h, "w_up"))
-  x = rows(x + mm(mlp, "w_down"))
+  gate, up = mm(h, "w_gate_up_t")
+  mlp = jax.nn.silu(heads(gate)) * heads(up)
+  x = rows(x + mm(mlp, "w_down_t")[0])
   return x, aux
 
 
@@ -246,17 +248,30 @@ def split_layers(params: Params) -> Params:
   return dict(params, layers=[{k: v[i] for k, v in layers.items()} for i in range(n)])
 
 
-# the layer weights a decode step multiplies ([in, out] each)
-PRODUCT_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# A decode step's layer products by input: the key of their joint transposed copy -> the [in, out]
+# weights it stacks, in order (the weights that multiply the same input share one kernel call).
+TRANSPOSED = {
+  "wqkv_t": ("wq", "wk", "wv"),
+  "wo_t": ("wo",),
+  "w_gate_up_t": ("w_gate", "w_up"),
+  "w_down_t": ("w_down",),
+}
 
 
 def with_transposed(params: Params, config: LlamaConfig) -> Params:
-  """params plus a transposed ([out, in]) copy of each layer weight (key name + "_t") and, when
-  untied, of the output embedding ("lm_head_t"): the layout the decode kernels read in one pass
-  (model/cpu_kernels.py). Works on stacked or split layers; costs a second copy of those weights."""
+  """params plus, per layer, each TRANSPOSED key: its weights joined along the output axis and
+  transposed ([sum of outs, in]), and when untied, the output embedding's transpose ("lm_head_t"):
+  the layout the decode kernels read in one pass (model/cpu_kernels.py). Works on stacked or split
+  layers; costs a second copy of the layer weights."""
 
   def add(layer):
-    return dict(layer, **{n + "_t": jnp.swapaxes(layer[n], -1, -2) for n in PRODUCT_WEIGHTS})
+    return dict(
+      layer,
+      **{
+        key: jnp.swapaxes(jnp.concatenate([layer[n] for n in names], axis=-1), -1, -2)
+        for key, names in TRANSPOSED.items()
+      },
+    )
 
   layers = params["layers"]
   layers = [add(x) for x in layers] if isinstance(layers, (list, tuple)) else add(layers)
@@ -274,12 +289,12 @@ def decode_kernels(config: LlamaConfig) -> bool:
 
 def logits(params: Params, config: LlamaConfig, x: jax.Array, kernels: bool = False) -> jax.Array:
   """[..., D] final hidden states -> [..., V] float32 logits in the compute dtype; with `kernels`,
-  through cpu_kernels.product over the [V, D] tied embedding or "lm_head_t" when there is one."""
+  through cpu_kernels.products over the [V, D] tied embedding or "lm_head_t" when there is one."""
   dt = config.jnp_compute_dtype
   w = output_embedding(params, config).astype(dt)
   w_t = params["embed"] if config.tie_word_embeddings else params.get("lm_head_t")
   if kernels and w_t is not None:
-    return cpu_kernels.product(x.astype(dt), w, w_t)
+    return cpu_kernels.products(x.astype(dt), [w], w_t)[0]
   return jnp.einsum("...d,dv->...v", x.astype(dt), w).astype(jnp.float32)
 
 

@@ -164,7 +164,7 @@ class Engine:
     the CPU decode kernels (llama.decode_kernels) a transposed copy of the weights they read."""
     if self.settings.split_layers and not isinstance(params["layers"], (list, tuple)):
       params = self._split(params)
-    if llama.decode_kernels(self.config) and "wq_t" not in _first_layer(params):
+    if llama.decode_kernels(self.config) and "wqkv_t" not in _first_layer(params):
       params = self._transposed(params)
     return params
 

@@ -39,8 +39,17 @@ def test_rows_matmul_matches_numpy(m, k, n):
   want = x.astype(np.float64) @ w
   got_t = jax.jit(cpu_kernels.rows_matmul)(x, w.T.copy())
   np.testing.assert_allclose(np.asarray(got_t), want, rtol=1e-5, atol=1e-4)
-  got_p = jax.jit(cpu_kernels.product)(x[:, None], w, w.T.copy())  # [M, 1, K] rows
-  np.testing.assert_allclose(np.asarray(got_p)[:, 0], want, rtol=1e-5, atol=1e-4)
+  # the same product as products() over w split in two along N (one call over the joint copy)
+  parts = [w[:, : n // 2], w[:, n // 2 :]]
+  got_p = jax.jit(cpu_kernels.products)(x[:, None], parts, w.T.copy())  # [M, 1, K] rows
+  assert [p.shape for p in got_p] == [(m, 1, n // 2), (m, 1, n - n // 2)]
+  np.testing.assert_allclose(np.concatenate(got_p, -1)[:, 0], want, rtol=1e-5, atol=1e-4)
+
+
+def test_products_checks_the_joint_copy():
+  x = np.ones((2, 8), np.float32)
+  with pytest.raises(ValueError, match="need"):
+    cpu_kernels.products(x, [np.ones((8, 3), np.float32)], np.ones((4, 8), np.float32))
 
 
 @pytest.mark.parametrize("hd", [64, 128, 12])  # vector paths (8 or 16 vectors), scalar path
