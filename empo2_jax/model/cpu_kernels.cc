@@ -312,6 +312,149 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
   return ffi::Error::Success();
 }
 
+
+// A tile of prefill queries of one (batch row, KV head): nq = tq tokens x G heads, q [nq, hd]
+// scaled by 1 / sqrt(hd), query i of token i / G seeing slot s when s <= slot[i / G] and
+// mask[s] > 0. Keys and values are read kChunk slots at a time, once for the whole tile, with an
+// online softmax (running max m, sum l and weighted values per query). out [nq, hd].
+template <int NV>
+void AttendTile(const float* q, const int32_t* slot, int64_t nq, int64_t g, const float* kh,
+                const float* vh, const int32_t* mask, int64_t n, float* out,
+                std::vector<float>& scratch) {
+  constexpr int64_t hd = 8 * NV;
+  scratch.assign(nq * (kChunk + 2), 0.f);
+  float* sc = scratch.data();                // [nq, kChunk] this chunk's scores, then weights
+  float* m = sc + nq * kChunk;               // [nq] running max
+  float* l = m + nq;                         // [nq] running sum
+  std::fill(m, m + nq, -INFINITY);
+  std::fill(out, out + nq * hd, 0.f);
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk), len = c1 - c0;
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t last = slot[i / g];
+      float* si = sc + i * kChunk;
+      if (last < c0) {  // the whole chunk lies past this query
+        std::fill(si, si + kChunk, -INFINITY);
+        continue;
+      }
+      __m256 qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = _mm256_loadu_ps(q + i * hd + 8 * v);
+      int64_t s = 0;
+      for (; s + 8 <= len; s += 8) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; ++j) {
+          const float* ks = kh + (c0 + s + j) * hd;
+          __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(ks));
+          for (int v = 1; v < NV; ++v) a = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(ks + 8 * v), a);
+          acc[j] = a;
+        }
+        _mm256_storeu_ps(si + s, Sum8x8(acc));
+      }
+      for (; s < len; ++s) {
+        const float* ks = kh + (c0 + s) * hd;
+        __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(ks));
+        for (int v = 1; v < NV; ++v) a = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(ks + 8 * v), a);
+        si[s] = HorizontalSum(a);
+      }
+      for (s = len; s < kChunk; ++s) si[s] = -INFINITY;
+      for (s = 0; s < len; ++s)
+        if (c0 + s > last || mask[c0 + s] <= 0) si[s] = -INFINITY;
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      float* si = sc + i * kChunk;
+      float best = m[i];
+      for (int64_t s = 0; s < len; ++s) best = std::max(best, si[s]);
+      if (best == -INFINITY) {  // nothing seen yet: no weight on any value
+        std::fill(si, si + kChunk, 0.f);
+        continue;
+      }
+      const float scale = m[i] == -INFINITY ? 0.f : std::exp(m[i] - best);
+      m[i] = best;
+      __m256 total = _mm256_setzero_ps();
+      const __m256 mv = _mm256_set1_ps(best);
+      for (int64_t s = 0; s < kChunk; s += 8) {
+        const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(si + s), mv));
+        _mm256_storeu_ps(si + s, p);
+        total = _mm256_add_ps(total, p);
+      }
+      l[i] = l[i] * scale + HorizontalSum(total);
+      float* o = out + i * hd;
+      __m256 acc[NV];
+      const __m256 sv = _mm256_set1_ps(scale);
+      for (int v = 0; v < NV; ++v) acc[v] = _mm256_mul_ps(sv, _mm256_loadu_ps(o + 8 * v));
+      for (int64_t s = 0; s < len; ++s) {
+        if (si[s] == 0.f) continue;  // masked (or negligible) slots: their values are never read
+        const __m256 b = _mm256_set1_ps(si[s]);
+        const float* vs = vh + (c0 + s) * hd;
+        for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(vs + 8 * v), acc[v]);
+      }
+      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    float* o = out + i * hd;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  // l = 0: the query saw no slot, zeros
+    for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+  }
+}
+
+constexpr int64_t kTileTokens = 8;  // prefill query tokens per task (times G query heads)
+
+ffi::Error PrefillAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> layer,
+                            ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::S32> slots,
+                            ffi::Buffer<ffi::S32> mask, ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions(), kd = k.dimensions(), md = mask.dimensions(), sd = slots.dimensions();
+  if (qd.size() != 5 || kd.size() != 5 || md.size() != 2 || sd.size() != 2 || qd[2] != kd[2] ||
+      qd[4] != kd[4] || md[0] != qd[0] || md[1] != kd[3] || sd[0] != qd[0] || sd[1] != qd[1] ||
+      layer.element_count() != 1 || rows.element_count() != qd[0] ||
+      (qd[4] != 64 && qd[4] != 128))
+    return ffi::Error::InvalidArgument(
+        "empo2_prefill_attention: need q [B, T, Kh, G, hd] with hd 64 or 128, k/v [L, B', Kh, S, "
+        "hd], layer [], rows [B], slots [B, T], mask [B, S]");
+  const int64_t b = qd[0], t = qd[1], kvh = qd[2], g = qd[3], hd = qd[4], b_all = kd[1],
+                s = kd[3];
+  const int64_t li = layer.typed_data()[0];
+  if (li < 0 || li >= kd[0])
+    return ffi::Error::InvalidArgument("empo2_prefill_attention: the layer index is out of range");
+  const float* qp = q.typed_data();
+  const float* kp = k.typed_data();
+  const float* vp = v.typed_data();
+  const int32_t* rp = rows.typed_data();
+  const int32_t* sp = slots.typed_data();
+  const int32_t* mp = mask.typed_data();
+  float* op = out->typed_data();
+  for (int64_t i = 0; i < b; ++i)
+    if (rp[i] < 0 || rp[i] >= b_all)
+      return ffi::Error::InvalidArgument("empo2_prefill_attention: a row index is out of range");
+  const int64_t tiles = (t + kTileTokens - 1) / kTileTokens, tasks = b * kvh * tiles;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ParallelFor(pool, tasks, tasks, [=](int64_t a, int64_t e) {
+    std::vector<float> qt, ot, scratch;
+    for (int64_t task = a; task < e; ++task) {
+      const int64_t bi = task / (kvh * tiles), h = task / tiles % kvh, t0 = task % tiles * kTileTokens;
+      const int64_t tq = std::min(kTileTokens, t - t0), nq = tq * g;
+      const int32_t* slot = sp + bi * t + t0;
+      int64_t n = 0;
+      for (int64_t i = 0; i < tq; ++i) n = std::max<int64_t>(n, std::min<int64_t>(slot[i], s - 1) + 1);
+      qt.resize(nq * hd);
+      ot.resize(nq * hd);
+      for (int64_t i = 0; i < tq; ++i)
+        for (int64_t j = 0; j < g * hd; ++j)
+          qt[i * g * hd + j] = qp[((bi * t + t0 + i) * kvh + h) * g * hd + j] * scale;
+      const int64_t off = ((li * b_all + rp[bi]) * kvh + h) * s * hd;
+      if (hd == 64)
+        AttendTile<8>(qt.data(), slot, nq, g, kp + off, vp + off, mp + bi * s, n, ot.data(), scratch);
+      else
+        AttendTile<16>(qt.data(), slot, nq, g, kp + off, vp + off, mp + bi * s, n, ot.data(), scratch);
+      for (int64_t i = 0; i < tq; ++i)
+        std::copy(ot.data() + i * g * hd, ot.data() + (i + 1) * g * hd,
+                  op + ((bi * t + t0 + i) * kvh + h) * g * hd);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2RowsMatmulNT, RowsMatmulNT,
@@ -322,6 +465,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2RowsMatmulNT, RowsMatmulNT,
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2CachedAttention, CachedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Empo2PrefillAttention, PrefillAttention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -34,7 +34,9 @@ FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 TARGETS = {  # FFI target name -> exported handler symbol
   "empo2_rows_matmul_nt": "Empo2RowsMatmulNT",
   "empo2_cached_attention": "Empo2CachedAttention",
+  "empo2_prefill_attention": "Empo2PrefillAttention",
 }
+PREFILL_HEAD_DIMS = (64, 128)  # the head sizes prefill_attention has a kernel for
 _ERROR: list[str] = []
 
 
@@ -172,5 +174,30 @@ def cached_attention(q, k_all, v_all, layer, rows, last, mask) -> jax.Array:
     jnp.asarray(layer, jnp.int32).reshape(()),
     jnp.asarray(rows, jnp.int32),
     jnp.asarray(last, jnp.int32),
+    jnp.asarray(mask, jnp.int32),
+  )
+
+
+def prefill_attention(q, k_all, v_all, layer, rows, slots, mask) -> jax.Array:
+  """Several queries per row over one layer of the cache, read in place (a prefill chunk).
+
+  Args:
+    q: [B, T, Kh, G, hd] float32, hd in PREFILL_HEAD_DIMS.
+    k_all, v_all: [L, B', Kh, S, hd] float32, the whole cache.
+    layer: int scalar; rows: [B] int32 cache row of each batch row.
+    slots: [B, T] int32: query (b, t) sees the slots s <= slots[b, t] with mask[b, s] > 0.
+    mask: [B, S] int32.
+  Returns:
+    [B, T, Kh, G, hd] float32: softmax(q k^T / sqrt(hd)) v over the seen slots; zeros if none.
+    CPU platform only.
+  """
+  _require()
+  return jax.ffi.ffi_call("empo2_prefill_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+    q.astype(jnp.float32),
+    k_all,
+    v_all,
+    jnp.asarray(layer, jnp.int32).reshape(()),
+    jnp.asarray(rows, jnp.int32),
+    jnp.asarray(slots, jnp.int32),
     jnp.asarray(mask, jnp.int32),
   )

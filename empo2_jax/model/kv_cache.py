@@ -152,18 +152,24 @@ def attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int)
 
 
 def attend_cached_kernel(q, k_all, v_all, layer, rows, q_slot, mask, config: LlamaConfig):
-  """attend_cached for one query per row (q [B, 1, H, hd], float32 cache) by
-  cpu_kernels.cached_attention on the CPU platform, attend_cached elsewhere."""
-  b, _, h, hd = q.shape
+  """attend_cached for a float32 cache by model/cpu_kernels.py on the CPU platform (one query a
+  row: cached_attention; several: prefill_attention, for head sizes it has a kernel for),
+  attend_cached elsewhere."""
+  b, t, h, hd = q.shape
   kv_heads = k_all.shape[2]
   dt = config.jnp_compute_dtype
   row_ids = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
 
   def cpu(q, k_all, v_all, q_slot, mask):
-    out = cpu_kernels.cached_attention(
-      q.reshape(b, kv_heads, h // kv_heads, hd), k_all, v_all, layer, row_ids, q_slot[:, 0], mask
-    )
-    return out.reshape(b, 1, h * hd).astype(dt)
+    if t == 1:
+      out = cpu_kernels.cached_attention(
+        q.reshape(b, kv_heads, h // kv_heads, hd), k_all, v_all, layer, row_ids, q_slot[:, 0], mask
+      )
+    else:
+      out = cpu_kernels.prefill_attention(
+        q.reshape(b, t, kv_heads, h // kv_heads, hd), k_all, v_all, layer, row_ids, q_slot, mask
+      )
+    return out.reshape(b, t, h * hd).astype(dt)
 
   def default(q, k_all, v_all, q_slot, mask):
     return attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dt, config.cache_block)

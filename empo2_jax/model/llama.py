@@ -400,7 +400,10 @@ def forward(
       row_mask = write_rows(cache["mask"][cache_rows], attention_mask, cache_index)
       new_mask = cache["mask"].at[cache_rows].set(row_mask)
     q_slot = cache_index[:, None] + jnp.arange(t)[None, :]  # [B, T]
+    # the CPU kernels (model/cpu_kernels.py): a decode step's products and attention, a prefill
+    # chunk's attention where its head size has a kernel
     kernels = t == 1 and decode_kernels(c)
+    attn_kernels = decode_kernels(c) and (t == 1 or c.head_dim in cpu_kernels.PREFILL_HEAD_DIMS)
 
     # The cache rides in the carry and each layer scatters its new keys/values into it in place
     # (as scan inputs/outputs, every call would copy the whole [L, B, K, S, hd] cache: decode does
@@ -412,7 +415,7 @@ def forward(
       def attend(q, k, v):
         k2 = write_cache(k_all, i, k, cache_index, cache_rows)
         v2 = write_cache(v_all, i, v, cache_index, cache_rows)
-        if kernels and k2.dtype == jnp.float32:
+        if attn_kernels and k2.dtype == jnp.float32:
           out = attend_cached_kernel(q, k2, v2, i, cache_rows, q_slot, row_mask, c)
         else:
           out = attend_cached(q, k2, v2, i, cache_rows, q_slot, row_mask, dt, c.cache_block)

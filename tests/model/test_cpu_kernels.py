@@ -137,3 +137,75 @@ def test_decode_step_with_kernels_matches_xla(tied):
   np.testing.assert_allclose(np.asarray(cache_k["k"]), np.asarray(cache_x["k"]), atol=1e-5)
   text = jax.jit(step, static_argnums=1).lower(prepared, cfg_k).as_text()
   assert "empo2_cached_attention" in text and "empo2_rows_matmul_nt" in text
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_prefill_attention_matches_numpy(hd):
+  """Queries of several tokens a row (tiles of 8 tokens, one cut short), each seeing its own
+  causal prefix of the cache under the row's mask."""
+  rng = np.random.default_rng(hd + 1)
+  layers, cache_rows, kvh, slots, g, b, t = 2, 4, 2, 200, 3, 3, 11
+  k_all = rng.standard_normal((layers, cache_rows, kvh, slots, hd)).astype(np.float32)
+  v_all = rng.standard_normal((layers, cache_rows, kvh, slots, hd)).astype(np.float32)
+  q = 3.0 * rng.standard_normal((b, t, kvh, g, hd)).astype(np.float32)
+  rows = np.array([3, 0, 1], np.int32)
+  slots_bt = np.array([150, 0, 60])[:, None] + np.arange(t)[None, :]  # row 1 starts at slot 0
+  slots_bt[2, :3] = -1  # queries that see no slot: zeros
+  slots_bt[0, -1] = 400  # past the cache's end: sees every slot
+  mask = (rng.random((b, slots)) > 0.2).astype(np.int32)
+  mask[1, 0] = 0  # row 1's first query sees nothing either
+  got = np.asarray(
+    jax.jit(cpu_kernels.prefill_attention)(
+      q, k_all, v_all, 1, rows, slots_bt.astype(np.int32), mask
+    )
+  )
+  for i in range(t):  # each token: the one-query reference
+    want = reference_attention(q[:, i], k_all, v_all, 1, rows, slots_bt[:, i], mask)
+    np.testing.assert_allclose(got[:, i], want, rtol=1e-5, atol=1e-6)
+  assert not got[2, :3].any() and not got[1, 0].any()
+
+
+def test_prefill_with_kernels_matches_xla():
+  """A cached prefill in two chunks (the second attends over the first's slots) with the kernels
+  gives XLA's logits and cache."""
+  base = dict(
+    vocab_size=97,
+    hidden_size=128,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    cache_block=16,
+  )
+  cfg_x, cfg_k = (LlamaConfig(**base, decode_kernels=m) for m in ("xla", "cpu"))
+  params = llama.init_params(cfg_x, jax.random.key(3), std=0.2)
+  rng = np.random.default_rng(4)
+  b, t = 3, 19
+  tokens = jnp.asarray(rng.integers(0, 97, (b, 2 * t)), jnp.int32)
+  mask = jnp.asarray(np.arange(2 * t)[None] >= np.array([[0], [5], [23]]), jnp.int32)  # left pads
+
+  def prefill(cfg):
+    cache = kv_cache.init_cache(cfg, b, 64, jnp.float32)
+    index, outs = jnp.zeros(b, jnp.int32), []
+    pos = llama.positions_from_mask(mask)
+    for a in (0, t):
+      out, cache = llama.forward(
+        params,
+        cfg,
+        tokens[:, a : a + t],
+        mask[:, a : a + t],
+        positions=pos[:, a : a + t],
+        cache=cache,
+        cache_index=index,
+      )
+      index, outs = index + t, outs + [out]
+    return jnp.concatenate(outs, 1), cache
+
+  want, cache_x = jax.jit(prefill, static_argnums=0)(cfg_x)
+  got, cache_k = jax.jit(prefill, static_argnums=0)(cfg_k)
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(cache_k["v"]), np.asarray(cache_x["v"]), atol=1e-5)
+  text = jax.jit(prefill, static_argnums=0).lower(cfg_k).as_text()
+  assert "empo2_prefill_attention" in text
