@@ -86,10 +86,11 @@ class LlamaConfig:
   # larger block products) and a 150-token prefill 2.9-3.3 s against 3.3-4.4; 2,048 was slower
   # (the last block reads far past the filled slots).
   cache_block: int = 512
-  # Cached forward, one token per row (a decode step): "auto" runs the products and the cache
-  # attention in model/cpu_kernels.cc on the CPU backend in float32 when the kernels build (one
-  # pass over the weights and the filled cache, read in place), XLA's otherwise; "cpu" insists on
-  # them (an error where they cannot run); "xla" never uses them. Other backends always run XLA.
+  # Cached forward: "auto" runs a decode step's products and cache attention, and a prefill
+  # chunk's cache attention (head_dim 64 or 128), in model/cpu_kernels.cc on the CPU backend in
+  # float32 when the kernels build (one pass over the weights and the filled cache, read in
+  # place), XLA's otherwise; "cpu" insists on them (an error where they cannot run); "xla" never
+  # uses them. Other backends always run XLA.
   decode_kernels: str = "auto"
 
   def __post_init__(self):

@@ -1,5 +1,5 @@
-// CPU kernels for the sampler's decode step, called from JAX through the XLA FFI
-// (empo2_jax/model/cpu_kernels.py builds this file and registers the handlers).
+// CPU kernels for the sampler's decode step and prefill attention, called from JAX through the
+// XLA FFI (empo2_jax/model/cpu_kernels.py builds this file and registers the handlers).
 //
 // A decode step multiplies a few rows (one token per sampled row) by every weight matrix and
 // attends over the filled part of the KV cache. Both are passes over memory: the products read
@@ -16,6 +16,11 @@
 //                         last [B] (the query's slot), mask [B, S] -> [B, Kh, G, hd]: softmax
 //                         over the slots s <= last[b] with mask[b, s] > 0 of (q . k_s) / sqrt(hd),
 //                         times v; zeros if none.
+//   empo2_prefill_attention  q [B, T, Kh, G, hd] (hd 64 or 128), the cache as above, layer [],
+//                         rows [B], slots [B, T] (each query's slot), mask [B, S]: the same for
+//                         each of a prefill chunk's T queries. XLA's blocked attention writes and
+//                         rereads each [B, Kh, G, T, block] score block several times (scores,
+//                         mask, exp); here a tile of 8 tokens x G heads keeps its scores in L1.
 // All float32, accumulation in float32.
 
 #include <immintrin.h>
@@ -229,7 +234,8 @@ void AttendVec(const float* q, const float* kh, const float* vh, const int32_t* 
         if (p[s] == 0.f) continue;  // masked (or negligible) slots: their values are never read
         const __m256 b = _mm256_set1_ps(p[s]);
         const float* vs = vh + s * hd;
-        for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(vs + 8 * v), acc[v]);
+        for (int v = 0; v < NV; ++v)
+          acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(vs + 8 * v), acc[v]);
       }
       for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
     }
@@ -386,7 +392,8 @@ void AttendTile(const float* q, const int32_t* slot, int64_t nq, int64_t g, cons
         if (si[s] == 0.f) continue;  // masked (or negligible) slots: their values are never read
         const __m256 b = _mm256_set1_ps(si[s]);
         const float* vs = vh + (c0 + s) * hd;
-        for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(vs + 8 * v), acc[v]);
+        for (int v = 0; v < NV; ++v)
+          acc[v] = _mm256_fmadd_ps(b, _mm256_loadu_ps(vs + 8 * v), acc[v]);
       }
       for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
     }
@@ -432,21 +439,24 @@ ffi::Error PrefillAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
   ParallelFor(pool, tasks, tasks, [=](int64_t a, int64_t e) {
     std::vector<float> qt, ot, scratch;
     for (int64_t task = a; task < e; ++task) {
-      const int64_t bi = task / (kvh * tiles), h = task / tiles % kvh, t0 = task % tiles * kTileTokens;
+      const int64_t bi = task / (kvh * tiles), h = task / tiles % kvh;
+      const int64_t t0 = task % tiles * kTileTokens;
       const int64_t tq = std::min(kTileTokens, t - t0), nq = tq * g;
       const int32_t* slot = sp + bi * t + t0;
       int64_t n = 0;
-      for (int64_t i = 0; i < tq; ++i) n = std::max<int64_t>(n, std::min<int64_t>(slot[i], s - 1) + 1);
+      for (int64_t i = 0; i < tq; ++i)
+        n = std::max<int64_t>(n, std::min<int64_t>(slot[i], s - 1) + 1);
       qt.resize(nq * hd);
       ot.resize(nq * hd);
       for (int64_t i = 0; i < tq; ++i)
         for (int64_t j = 0; j < g * hd; ++j)
           qt[i * g * hd + j] = qp[((bi * t + t0 + i) * kvh + h) * g * hd + j] * scale;
       const int64_t off = ((li * b_all + rp[bi]) * kvh + h) * s * hd;
+      const float *kh = kp + off, *vh = vp + off;
       if (hd == 64)
-        AttendTile<8>(qt.data(), slot, nq, g, kp + off, vp + off, mp + bi * s, n, ot.data(), scratch);
+        AttendTile<8>(qt.data(), slot, nq, g, kh, vh, mp + bi * s, n, ot.data(), scratch);
       else
-        AttendTile<16>(qt.data(), slot, nq, g, kp + off, vp + off, mp + bi * s, n, ot.data(), scratch);
+        AttendTile<16>(qt.data(), slot, nq, g, kh, vh, mp + bi * s, n, ot.data(), scratch);
       for (int64_t i = 0; i < tq; ++i)
         std::copy(ot.data() + i * g * hd, ot.data() + (i + 1) * g * hd,
                   op + ((bi * t + t0 + i) * kvh + h) * g * hd);

@@ -1,10 +1,11 @@
-"""The decode step's CPU kernels (cpu_kernels.cc): built on first use, called through the XLA FFI.
+"""The sampler's CPU kernels (cpu_kernels.cc): built on first use, called through the XLA FFI.
 
 On the CPU backend a sampler decode step is a pass over memory: a product of a few rows (one token
 per sampled row) with every weight matrix, and attention over the filled part of each row's KV
 cache. XLA:CPU runs few-row products well below the machine's bandwidth and copies each
 dynamically sliced cache block before reading it; the kernels read weights and cache in place,
-once, on XLA's intra-op threads. `LlamaConfig.decode_kernels` chooses them ("auto": on the CPU
+once, on XLA's intra-op threads. A prefill chunk's attention over the cache runs here too
+(`prefill_attention`), its score tiles kept in L1 rather than written out per block. `LlamaConfig.decode_kernels` chooses them ("auto": on the CPU
 backend for float32 when they build; "xla": never; "cpu": always, an error if they cannot build).
 
 Build: the first call compiles cpu_kernels.cc with the C++ compiler (`CXX`, default g++; x86-64
