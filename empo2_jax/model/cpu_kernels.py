@@ -5,8 +5,9 @@ per sampled row) with every weight matrix, and attention over the filled part of
 cache. XLA:CPU runs few-row products well below the machine's bandwidth and copies each
 dynamically sliced cache block before reading it; the kernels read weights and cache in place,
 once, on XLA's intra-op threads. A prefill chunk's attention over the cache runs here too
-(`prefill_attention`), its score tiles kept in L1 rather than written out per block. `LlamaConfig.decode_kernels` chooses them ("auto": on the CPU
-backend for float32 when they build; "xla": never; "cpu": always, an error if they cannot build).
+(`prefill_attention`), its score tiles kept in L1 rather than written out per block.
+`LlamaConfig.decode_kernels` chooses them ("auto": on the CPU backend for float32 when they build;
+"xla": never; "cpu": always, an error if they cannot build).
 
 Build: the first call compiles cpu_kernels.cc with the C++ compiler (`CXX`, default g++; x86-64
 with AVX2 and FMA, `-march=native`) against jax's FFI headers into a cache folder

@@ -35,14 +35,16 @@ def _last_positive(p: jax.Array) -> jax.Array:
   return jnp.max(jnp.where(p > 0, jnp.arange(p.shape[-1]), 0))
 
 
-def categorical(key: jax.Array, x: jax.Array) -> jax.Array:
-  """One index drawn from softmax(x) for x [V] (entries may be -inf; one must be finite): the
-  first index whose cumulative probability exceeds u * total, u ~ U[0, 1), found among the
+def categorical(key: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One index drawn from softmax(x) for x [V] (entries may be -inf; one must be finite), and
+  its log-probability log_softmax(x)[index] (from the same pass over exp(x - max)). The index is
+  the first whose cumulative probability exceeds u * total, u ~ U[0, 1), found among the
   CDF_BLOCK-wide blocks' sums, then within the chosen block. Only indices of nonzero probability
   can come out (where rounding puts u * total past the last sum, the last such index)."""
   v = x.shape[-1]
   nb = -(-v // CDF_BLOCK)
-  p = jnp.exp(x - jnp.max(x))
+  top = jnp.max(x)
+  p = jnp.exp(x - top)
   p = jnp.pad(p, (0, nb * CDF_BLOCK - v)).reshape(nb, CDF_BLOCK)
   block_mass = p.sum(-1)
   block_cdf = jnp.cumsum(block_mass)
@@ -51,7 +53,8 @@ def categorical(key: jax.Array, x: jax.Array) -> jax.Array:
   rest = u - (block_cdf[blk] - block_mass[blk])
   row = p[blk]
   i = jnp.minimum(jnp.sum(jnp.cumsum(row) <= rest), _last_positive(row))
-  return (blk * CDF_BLOCK + i).astype(jnp.int32)
+  idx = (blk * CDF_BLOCK + i).astype(jnp.int32)
+  return idx, x[idx] - top - jnp.log(block_cdf[-1])
 
 
 def mode_for(temperature: float, top_p: float, top_k: int) -> str:
@@ -113,13 +116,10 @@ def choose(logits_bv: jax.Array, keys_b: jax.Array, step, temperature, top_p, to
   step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys_b)
   draw = jax.vmap(categorical)
   if mode == "sample":
-    tok = draw(step_keys, x)
-    lp = jnp.take_along_axis(jax.nn.log_softmax(x, -1), tok[:, None], -1)[:, 0]
-    return tok.astype(jnp.int32), lp
+    return draw(step_keys, x)
   xs, order = filter_sorted(x, top_p, top_k)
-  j = draw(step_keys, xs)
+  j, lp = draw(step_keys, xs)
   tok = jnp.take_along_axis(order, j[:, None], -1)[:, 0]
-  lp = jnp.take_along_axis(jax.nn.log_softmax(xs, -1), j[:, None], -1)[:, 0]
   return tok.astype(jnp.int32), lp
 
 

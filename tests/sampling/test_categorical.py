@@ -9,9 +9,14 @@ from empo2_jax.sampling import kernels
 
 
 def _frequencies(x: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
+  """Frequencies of `draws` draws; checks each draw's log-probability against numpy's."""
   keys = jax.random.split(jax.random.key(seed), draws)
-  toks = np.asarray(jax.jit(jax.vmap(kernels.categorical, (0, None)))(keys, jnp.asarray(x)))
+  toks, lps = jax.jit(jax.vmap(kernels.categorical, (0, None)))(keys, jnp.asarray(x))
+  toks, lps = np.asarray(toks), np.asarray(lps)
   assert toks.dtype == np.int32 and toks.min() >= 0 and toks.max() < len(x)
+  x64 = x.astype(np.float64)
+  log_softmax = x64 - x64.max() - np.log(np.exp(x64 - x64.max()).sum())
+  np.testing.assert_allclose(lps, log_softmax[toks], rtol=1e-5, atol=1e-5)
   return np.bincount(toks, minlength=len(x)) / draws
 
 
