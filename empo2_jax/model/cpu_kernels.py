@@ -168,16 +168,7 @@ def cached_attention(q, k_all, v_all, layer, rows, last, mask) -> jax.Array:
     [B, Kh, G, hd] float32: softmax(q k^T / sqrt(hd)) v over the seen slots; zeros if none.
     CPU platform only.
   """
-  _require()
-  return jax.ffi.ffi_call("empo2_cached_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
-    q.astype(jnp.float32),
-    k_all,
-    v_all,
-    jnp.asarray(layer, jnp.int32).reshape(()),
-    jnp.asarray(rows, jnp.int32),
-    jnp.asarray(last, jnp.int32),
-    jnp.asarray(mask, jnp.int32),
-  )
+  return _attention("empo2_cached_attention", q, k_all, v_all, layer, rows, last, mask)
 
 
 def prefill_attention(q, k_all, v_all, layer, rows, slots, mask) -> jax.Array:
@@ -193,8 +184,14 @@ def prefill_attention(q, k_all, v_all, layer, rows, slots, mask) -> jax.Array:
     [B, T, Kh, G, hd] float32: softmax(q k^T / sqrt(hd)) v over the seen slots; zeros if none.
     CPU platform only.
   """
+  return _attention("empo2_prefill_attention", q, k_all, v_all, layer, rows, slots, mask)
+
+
+def _attention(target, q, k_all, v_all, layer, rows, slots, mask) -> jax.Array:
+  """The FFI call of an attention kernel (`target`): float32 q, the cache as is, int32 indices;
+  the result is shaped like q."""
   _require()
-  return jax.ffi.ffi_call("empo2_prefill_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
     q.astype(jnp.float32),
     k_all,
     v_all,
