@@ -87,10 +87,10 @@ class LlamaConfig:
   # (the last block reads far past the filled slots).
   cache_block: int = 512
   # Cached forward: "auto" runs a decode step's products and cache attention, and a prefill
-  # chunk's cache attention (head_dim 64 or 128), in model/cpu_kernels.cc on the CPU backend in
-  # float32 when the kernels build (one pass over the weights and the filled cache, read in
-  # place), XLA's otherwise; "cpu" insists on them (an error where they cannot run); "xla" never
-  # uses them. Other backends always run XLA.
+  # chunk's cache attention (head_dim 64 or 128), in model/cpu_kernels.cc and cpu_attention.cc
+  # on the CPU backend in float32 when the kernels build (one pass over the weights and the
+  # filled cache, read in place), XLA's otherwise; "cpu" insists on them (an error where they
+  # cannot run); "xla" never uses them. Other backends always run XLA.
   decode_kernels: str = "auto"
 
   def __post_init__(self):

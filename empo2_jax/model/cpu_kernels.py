@@ -1,4 +1,5 @@
-"""The sampler's CPU kernels (cpu_kernels.cc): built on first use, called through the XLA FFI.
+"""The sampler's CPU kernels (cpu_kernels.cc, cpu_attention.cc): built on first use, called
+through the XLA FFI.
 
 On the CPU backend a sampler decode step is a pass over memory: a product of a few rows (one token
 per sampled row) with every weight matrix, and attention over the filled part of each row's KV
@@ -9,11 +10,12 @@ once, on XLA's intra-op threads. A prefill chunk's attention over the cache runs
 `LlamaConfig.decode_kernels` chooses them ("auto": on the CPU backend for float32 when they build;
 "xla": never; "cpu": always, an error if they cannot build).
 
-Build: the first call compiles cpu_kernels.cc with the C++ compiler (`CXX`, default g++; x86-64
-with AVX2 and FMA, `-march=native`) against jax's FFI headers into a cache folder
-(`EMPO2_KERNEL_CACHE`, default ~/.cache/empo2_jax/kernels), keyed by the source, the flags and the
-jax version, so later processes load the library without compiling. When the build fails,
-`available()` is False and `build_error()` says why; "auto" then keeps XLA's products.
+Build: the first call compiles the two sources into one library with the C++ compiler (`CXX`,
+default g++; x86-64 with AVX2 and FMA, `-march=native`) against jax's FFI headers into a cache
+folder (`EMPO2_KERNEL_CACHE`, default ~/.cache/empo2_jax/kernels), keyed by the sources, the
+header, the flags and the jax version, so later processes load the library without compiling.
+When the build fails, `available()` is False and `build_error()` says why; "auto" then keeps
+XLA's path.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cc")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "cpu_kernels.cc", HERE / "cpu_attention.cc")  # built into one library
+HEADERS = (HERE / "cpu_kernels.h",)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 TARGETS = {  # FFI target name -> exported handler symbol
   "empo2_rows_matmul_nt": "Empo2RowsMatmulNT",
@@ -50,7 +54,9 @@ def cache_dir() -> Path:
 
 def _library_path(cxx: str) -> Path:
   key = hashlib.sha256()
-  for part in (SOURCE.read_bytes(), " ".join((cxx,) + FLAGS).encode(), jax.__version__.encode()):
+  for path in SOURCES + HEADERS:
+    key.update(path.read_bytes())
+  for part in (" ".join((cxx,) + FLAGS).encode(), jax.__version__.encode()):
     key.update(part)
   return cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
 
@@ -64,7 +70,7 @@ def _build(cxx: str) -> Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
   os.close(fd)
-  cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+  cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", tmp]
   try:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

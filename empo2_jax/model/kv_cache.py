@@ -8,7 +8,7 @@ invalid, so the next write can start at idx[b] + (number of real tokens). Heads 
 so that a layer's attention reads each row's keys of one head as one contiguous [S, hd] matrix
 (no transpose per decode step); keys are read in `config.cache_block`-slot blocks, and only the
 blocks below max(idx) + T, so a step costs the filled part of the cache (`attend_cached`; a decode
-step on the CPU backend reads each row's filled slots in place in model/cpu_kernels.cc instead,
+step on the CPU backend reads each row's filled slots in place in model/cpu_attention.cc instead,
 `attend_cached_kernel`, where LlamaConfig.decode_kernels allows). On the
 CPU backend a bfloat16 cache stores its values' bits as uint16 (CACHE_BITS says why);
 `cache_values` reads them back.

@@ -1,4 +1,4 @@
-"""The decode step's CPU kernels (model/cpu_kernels.cc) against numpy float64, and the cached
+"""The CPU kernels (model/cpu_kernels.cc, cpu_attention.cc) against numpy float64, and the cached
 forward with them against the same forward on XLA's products."""
 
 import numpy as np
@@ -209,3 +209,18 @@ def test_prefill_with_kernels_matches_xla():
   np.testing.assert_allclose(np.asarray(cache_k["v"]), np.asarray(cache_x["v"]), atol=1e-5)
   text = jax.jit(prefill, static_argnums=0).lower(cfg_k).as_text()
   assert "empo2_prefill_attention" in text
+
+
+def test_attention_kernels_name_a_bad_argument():
+  cache = np.zeros((2, 3, 1, 16, 64), np.float32)  # [L, B', Kh, S, hd]
+  mask = np.ones((2, 16), np.int32)
+  rows = np.array([0, 3], np.int32)  # the cache has rows 0..2
+  with pytest.raises(Exception, match="empo2_cached_attention: a row index is out of range"):
+    q = np.ones((2, 1, 2, 64), np.float32)
+    jax.block_until_ready(cpu_kernels.cached_attention(q, cache, cache, 0, rows, [1, 1], mask))
+  with pytest.raises(Exception, match="empo2_prefill_attention: the layer index is out of range"):
+    q = np.ones((2, 4, 1, 2, 64), np.float32)
+    slots = np.zeros((2, 4), np.int32)
+    jax.block_until_ready(
+      cpu_kernels.prefill_attention(q, cache, cache, 2, rows[:1].repeat(2), slots, mask)
+    )
