@@ -1,8 +1,8 @@
 """Behaviour pin: the tiny config's metrics over 3 iterations (seed 0 draws on_tips, on, off: every
-mode once) and an evaluation after the last (without and with memory) equal the values recorded
-before the architecture refactor of issue 32 (tests/integration/data/tiny_metrics_pin.json,
-recorded at commit
-ff7df92).
+mode once) and an evaluation after the last (without and with memory) equal the values recorded in
+tests/integration/data/tiny_metrics_pin.json (its git log says when and why each recording was
+made; the sampler drawing tokens by inverting the CDF at one uniform a row, the same distribution
+as the Gumbel draw before it but other draws, was the last).
 
 A refactor that changes what the trainer computes moves some of these numbers: the rollout's
 returns and token counts, the tips written and retrieved, the advantages, the loss, the gradient
