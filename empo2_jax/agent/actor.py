@@ -53,53 +53,23 @@ from typing import Callable, Optional, Sequence, Union
 
 import jax
 
-from empo2_jax.agent import hosts, prompts
-from empo2_jax.agent.episode import ActorSettings, Episode, apply_step, reset_episodes
+from empo2_jax.agent import hosts, prompts, tip_writer
+from empo2_jax.agent.episode import ActorSettings, Episode, record_turn, reset_episodes
 from empo2_jax.agent.episode_keys import EpisodeKeys
 from empo2_jax.agent.memory import Memory, chat_key, recent_key
+from empo2_jax.agent.rollout import SESSION_COUNTERS, Rollout, per_spec, step_counts
 from empo2_jax.envs.base import PromptSet
-from empo2_jax.memory.reflect import memory_writes, reflection_chat
-from empo2_jax.tips import clean_tip
+from empo2_jax.memory.reflect import reflection_chat
 from empo2_jax.memory.rewards import intrinsic_reward
-from empo2_jax.memory.rule_tip import episode_rule_tip
-from empo2_jax.memory.sync import gather_and_commit
 from empo2_jax.model.chat import ChatTokens
 from empo2_jax.model.tokenizer import stop_ids
-from empo2_jax.rl.batch import Turn
 from empo2_jax.sampling.sampler import SamplerSettings, get_engine
 from empo2_jax.sampling.session import Session
-
-SESSION_COUNTERS = ("prefill_tokens", "reused_tokens", "truncations")
 
 
 def whole_response(text: str) -> str:
   """The default `env_text`: the env reads the whole response."""
   return text
-
-
-@dataclasses.dataclass
-class Rollout:
-  """What `Actor.rollout` returns.
-
-  episodes: every host's episodes, in spec order.
-  stats:    retrieved (tips shown), memory_steps, steps, prefill_tokens, reused_tokens and
-            truncations, summed over hosts; time/rollout_{sampling,env,tokenize,retrieval}: this
-            host's wall-clock phases.
-  Until `close()`, this host's sampler session stays open with its episodes (`own`, the
-  session's rows in order) and their chats' token ids, for `Actor.reflect`; `tip_key` is the key
-  the tips draw with.
-  """
-
-  episodes: list
-  stats: dict
-  own: list = dataclasses.field(default_factory=list)
-  chats: list = dataclasses.field(default_factory=list)  # ChatTokens per row of `own`
-  session: Optional[Session] = None
-  tip_key: Optional[jax.Array] = None
-
-  def close(self) -> None:
-    """Free the sampler session (its KV cache)."""
-    self.session, self.chats = None, []
 
 
 class Actor:
@@ -199,6 +169,11 @@ class Actor:
     lines = ep.key_lines + ([f"observation: {observation.strip()}"] if observation else [])
     return recent_key(head, lines, enc, self.settings.key_chars)
 
+  def tip_writing_chat(self, e: Episode) -> list:
+    """The chat `e`'s tip is written from (settings.tip_chat: memory/reflect.reflection_chat)."""
+    outcome = prompts.outcome_message(e.final_observation, e.score, self.prompts.score_out_of)
+    return reflection_chat(e.messages, self.settings.tip_chat, e.final_observation, outcome)
+
   # -- the rollout ------------------------------------------------------------------------------
   def rollout(
     self,
@@ -235,8 +210,8 @@ class Actor:
     (`hosts.sampling_params`). Every process gets all episodes, and the stats' counters summed
     over hosts. Episode i samples with keys folded from i, whichever host runs it.
     """
-    shown = _per_spec(use_memory, len(specs), "use_memory")
-    shadow = _per_spec(shadow_memory, len(specs), "shadow_memory")
+    shown = per_spec(use_memory, len(specs), "use_memory")
+    shadow = per_spec(shadow_memory, len(specs), "shadow_memory")
     if (any(shown) or any(shadow)) and self.memory is None:
       raise ValueError("use_memory=True or shadow_memory=True needs an Actor built with a Memory")
     if any(a and b for a, b in zip(shown, shadow)):
@@ -271,7 +246,7 @@ class Actor:
         engine=engine,
       )
       self._run_episodes(out, temperature, k_steps, sampler, memory_fallback)
-    stats = _step_counts(own)
+    stats = step_counts(own)
     stats.update({k: int(out.session.stats[k]) if own else 0 for k in SESSION_COUNTERS})
     # Wall-clock phases of this host's rollout (time/rollout_*): sampling (prefill + decode of
     # actions), env (resets and steps in the pool), tokenize (chat -> ids), retrieval (memory keys
@@ -329,7 +304,7 @@ class Actor:
         results = self.pool.step([env_texts.get(i) for i in range(len(episodes))])
       for i in live:
         r_int = self._intrinsic(episodes[i].retrieved[-1], episodes[i].use_memory)
-        obs[i] = _record(
+        obs[i] = record_turn(
           episodes[i], obs[i], texts[i], out[i], results[i], step, r_int, self.settings.records
         )
     for e in episodes:
@@ -404,114 +379,11 @@ class Actor:
   # -- the tips ---------------------------------------------------------------------------------
   def reflect(self, rollout: Rollout, iteration: int) -> dict:
     """The tips of the rollout's finished episodes, into memory on every host (docs/method.md
-    §2-3): the policy writes this host's tips in one call on the rollout's open session
-    (empo2.reflector="rule": memory/rule_tip.py writes them, nothing is sampled), each cleaned
-    tip becomes one memory write per executed step (memory/reflect.memory_writes, keyed by
-    empo2.memory_key), and memory/sync.gather_and_commit adds every host's writes in process
-    order. Sets every episode's `tip`. A collective: every process calls it, also one without
-    episodes. Returns {"tips", "memory_writes", "time/rollout_reflect"} (tips summed over hosts).
-    """
-    if self.memory is None:
-      raise ValueError("Actor.reflect needs an Actor built with a Memory")
-    t0 = time.perf_counter()
-    own = rollout.own
-    todo = [i for i, e in enumerate(own) if e.turns and not e.env_failed]
-    raw = self._sample_tips(rollout, todo) if self.settings.reflector == "policy" else {}
-    writes = []
-    for i in todo:
-      e = own[i]
-      e.tip = clean_tip(raw[i] if i in raw else episode_rule_tip(e))
-      slot, out_of = (e.task, e.variation), self.prompts.score_out_of
-      writes += memory_writes(slot, e.tip, e.executed, self._write_keys(e), e.score, out_of)
-    _, uids = gather_and_commit(self.memory.store, self.memory.encoder, writes, iteration)
-    for e, tip in zip(rollout.episodes, hosts.gather_values([e.tip for e in own])):
-      e.tip = tip
-    stats = {
-      "tips": sum(1 for i in todo if own[i].tip),
-      "memory_writes": sum(u is not None for u in uids),
-      "time/rollout_reflect": time.perf_counter() - t0,
-    }
-    return hosts.sum_stats(stats, same_on_all_hosts=("memory_writes", "time/rollout_reflect"))
-
-  def tip_writing_chat(self, e: Episode) -> list:
-    """The chat `e`'s tip is written from (settings.tip_chat: memory/reflect.reflection_chat)."""
-    outcome = prompts.outcome_message(e.final_observation, e.score, self.prompts.score_out_of)
-    return reflection_chat(e.messages, self.settings.tip_chat, e.final_observation, outcome)
-
-  def _sample_tips(self, rollout: Rollout, rows: Sequence[int]) -> dict:
-    """{row: the policy's raw tip}: one call on the rollout's session; row i draws with
-    fold_in(tip_key, episode index)."""
-    if not rows:
-      return {}
-    if rollout.session is None:
-      raise ValueError("Actor.reflect needs the rollout's session: reflect before Rollout.close()")
-    s = self.settings
-    requests = {i: rollout.chats[i].tokens(self.tip_writing_chat(rollout.own[i])) for i in rows}
-    out = self.sample(
-      rollout.session,
-      requests,
-      rollout.tip_key,
-      max_new_tokens=s.tip_max_new_tokens,
-      temperature=s.tip_temperature,
-    )
-    return {i: self.tok.decode(out[i][0], skip_special_tokens=True) for i in rows}
-
-  def _write_keys(self, e: Episode) -> list[str]:
-    """The key of each executed step's memory: the key its step retrieved with ("step"), or the
-    key of the episode's end ("final")."""
-    if self.settings.memory_key == "step":
-      return e.step_keys
-    final = e.final_observation if self.settings.memory_key_text == "recent" else None
-    return [self.key_text(e, final)] * len(e.executed)
-
-
-def _per_spec(flag, n: int, name: str) -> list[bool]:
-  """One bool, or a sequence of n, as n bools (ValueError naming `name` otherwise)."""
-  if not isinstance(flag, (list, tuple)):
-    return [bool(flag)] * n
-  flags = [bool(f) for f in flag]
-  if len(flags) != n:
-    raise ValueError(f"{name}: {len(flags)} flags for {n} episodes")
-  return flags
-
-
-def _step_counts(episodes: Sequence[Episode]) -> dict:
-  """The rollout's counters: tips shown (retrieved), memory steps (steps of episodes shown
-  tips) and steps."""
-  return {
-    "retrieved": sum(sum(e.retrieved) for e in episodes),
-    "memory_steps": sum(len(e.turns) for e in episodes if e.use_memory),
-    "steps": sum(len(e.turns) for e in episodes),
-  }
-
-
-def _record(
-  e: Episode, obs: str, text: str, sampled, res, step: int, r_int: float, records=()
-) -> str:
-  """Step `step` of `e` (observation `obs`, response `text`, the sampler's (ids, log-probs[,
-  per-token temperatures]), the env's result) as a Turn and in the episode; the next
-  observation."""
-  toks, lps = sampled[:2]
-  token_temps = sampled[2] if len(sampled) > 2 else None
-  e.turns.append(
-    Turn(
-      messages=list(e.messages),
-      response=text,
-      response_ids=[int(t) for t in toks],
-      sampler_logprobs=[float(x) for x in lps],
-      mode=e.mode,
-      group_id=e.group_id,
-      rollout_id=e.rollout_id,
-      step=step,
-      episode_return=0.0,
-      reward=float(res.reward),
-      intrinsic=r_int,
-      obs_key=obs.strip(),
-      valid=bool(res.info.valid),
-      token_temps=None if token_temps is None else [float(x) for x in token_temps],
-    )
-  )
-  return apply_step(e, obs, text, res, records)
+    §2-3; agent/tip_writer.py): the policy writes this host's tips in one call on the rollout's
+    open session (empo2.reflector="rule": memory/rule_tip.py writes them, nothing is sampled).
+    Sets every episode's `tip`. A collective: every process calls it, also one without episodes.
+    Returns {"tips", "memory_writes", "time/rollout_reflect"} (tips summed over hosts)."""
+    return tip_writer.reflect(self, rollout, iteration)
 
 
 __all__ = ["Actor", "ActorSettings", "Episode", "Memory", "Rollout"]

@@ -1,6 +1,7 @@
 """The actor's records: its settings and one episode as it is rolled out (agent/actor.py), and
 the two moves every rollout loop makes on an episode (the actor's and baselines/retrospex_agent's):
-`reset_episodes` (the env's first observation) and `apply_step` (the env's answer to a response).
+`reset_episodes` (the env's first observation) and `apply_step` (the env's answer to a response);
+`record_turn`, the actor's step as a `rl/batch.Turn` and then `apply_step`.
 
     obs = reset_episodes(pool, episodes)
     ...                                                   # sample a response per live episode
@@ -15,6 +16,7 @@ from typing import Sequence
 
 from empo2_jax.memory.reflect import TIP_CHATS  # memory/reflect.reflection_chat
 from empo2_jax.memory.rule_tip import check_reflector
+from empo2_jax.rl.batch import Turn
 
 MEMORY_KEYS = ("step", "final")
 # What a method may ask the actor to record in Episode.extras (methods/base.Plugin.episode_records):
@@ -126,3 +128,32 @@ def apply_step(e: Episode, obs: str, text: str, res, records: Sequence[str] = ()
   e.truncated = bool(res.info.truncated)
   e.goals = getattr(res.info, "goals", "")
   return res.observation
+
+
+def record_turn(
+  e: Episode, obs: str, text: str, sampled, res, step: int, r_int: float, records=()
+) -> str:
+  """Step `step` of `e` (observation `obs`, response `text`, the sampler's (ids, log-probs[,
+  per-token temperatures]), the env's result) as a Turn and in the episode; the next
+  observation."""
+  toks, lps = sampled[:2]
+  token_temps = sampled[2] if len(sampled) > 2 else None
+  e.turns.append(
+    Turn(
+      messages=list(e.messages),
+      response=text,
+      response_ids=[int(t) for t in toks],
+      sampler_logprobs=[float(x) for x in lps],
+      mode=e.mode,
+      group_id=e.group_id,
+      rollout_id=e.rollout_id,
+      step=step,
+      episode_return=0.0,
+      reward=float(res.reward),
+      intrinsic=r_int,
+      obs_key=obs.strip(),
+      valid=bool(res.info.valid),
+      token_temps=None if token_temps is None else [float(x) for x in token_temps],
+    )
+  )
+  return apply_step(e, obs, text, res, records)

@@ -4,6 +4,6 @@ registered later.
 
 Import the submodules directly (`empo2_jax.envs.registry`, `.scienceworld.env` and the rest of the
 ScienceWorld package (`.jvm`, `.prompts`, `.suite`), `.pool`, `.fewshot`, `.actions`, `.base`,
-`.puzzles`, `.frozenlake`, `.sokoban`, `.webshop`); this package does not import them
-eagerly, so nothing starts a JVM or loads py4j on `import empo2_jax.envs`.
+`.puzzles`, `.puzzle_suite`, `.frozenlake`, `.sokoban`, `.webshop`); this package does not
+import them eagerly, so nothing starts a JVM or loads py4j on `import empo2_jax.envs`.
 """

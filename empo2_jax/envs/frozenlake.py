@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 from gymnasium.utils import seeding
 
-from empo2_jax.envs import puzzles
+from empo2_jax.envs import puzzle_suite, puzzles
 from empo2_jax.envs.puzzles import Game, PuzzleConfig, PuzzleEnv
 
 TASK = "frozenlake"
@@ -171,7 +171,7 @@ class FrozenLakeEnv(PuzzleEnv):
     return "\n".join(lines)
 
 
-SUITE = puzzles.register_suite(
+SUITE = puzzle_suite.register_suite(
   FrozenLakeEnv, FrozenLakeConfig, "size", "p", "slippery", "map_generator"
 )
 env_config = SUITE.env_config

@@ -37,7 +37,7 @@ import dataclasses
 
 import numpy as np
 
-from empo2_jax.envs import puzzles
+from empo2_jax.envs import puzzle_suite, puzzles
 from empo2_jax.envs.puzzles import Game, PuzzleConfig, PuzzleEnv
 
 TASK = "sokoban"
@@ -293,7 +293,7 @@ class SokobanEnv(PuzzleEnv):
     return "\n".join(lines)
 
 
-SUITE = puzzles.register_suite(
+SUITE = puzzle_suite.register_suite(
   SokobanEnv, SokobanConfig, "dim", "num_boxes", "search_depth", "num_gen_steps", "max_env_steps"
 )
 env_config = SUITE.env_config

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import jax
 
 from empo2_jax.model import configs as model_configs
 from empo2_jax.model import hf, llama
+
+
+log = logging.getLogger("empo2_jax")
 
 
 class ConfigError(ValueError):
@@ -276,6 +281,39 @@ def memory(c):
   return encoder, store, index
 
 
+def rollout_setup(c):
+  """(pool, train variations, test variations, materials, Memory): what a run's rollouts need
+  beside the policy: the env's worker pool (`envs`), the task's used variations of each split,
+  their prompt material and the tip memory (`memory`; memory.init_from: a memory another run
+  built, which the run's own checkpoint replaces on resume). No worker or JVM outlives a failed
+  start."""
+  from empo2_jax.agent.memory import Memory
+  from empo2_jax.train import checkpoint as ckpt_lib
+
+  pool, env = envs(c)
+  try:
+    task = c.env.task
+    train_variations = env.used_variations(task, "train")
+    test_variations = env.used_variations(task, "test")
+    prompt_materials = materials(c, env, train_variations + test_variations)
+    mem = Memory(*memory(c))
+    if c.memory.init_from:
+      step, store = ckpt_lib.read_memory(c.memory.init_from)
+      if store.dim != mem.store.dim:
+        raise ValueError(
+          f"memory.init_from={c.memory.init_from!r}: its embeddings have dim {store.dim}, "
+          f"this run's encoder {mem.store.dim}; use the same memory.encoder_dir"
+        )
+      mem.replace_store(store)
+      log.info("memory from %s step %d: %d tips", c.memory.init_from, step, len(store))
+  except BaseException:
+    pool.close()
+    raise
+  finally:
+    env.close()
+  return pool, train_variations, test_variations, prompt_materials, mem
+
+
 __all__ = [
   "check_config",
   "checkpoint_path",
@@ -287,4 +325,5 @@ __all__ = [
   "envs",
   "materials",
   "memory",
+  "rollout_setup",
 ]

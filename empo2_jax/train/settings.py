@@ -113,7 +113,7 @@ def actor_settings(c) -> ActorSettings:
 
 
 def max_update_shape(c, batch_cfg: batch_lib.BatchConfig, update_cfg) -> dict:
-  """optim.update_shapes="max": the update shape (trainer.UPDATE_FLOOR_KEYS) of the largest
+  """optim.update_shapes="max": the update shape (iteration.UPDATE_FLOOR_KEYS) of the largest
   iteration the config allows, the floor of every update from the first, so that a run compiles
   its update once per layout and never later. Rows: whole chats of at most rollout.max_context
   tokens (packed) or prompts of at most optim.max_prompt_len (turn); turns per row: env.max_steps;

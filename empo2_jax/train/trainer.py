@@ -9,14 +9,14 @@ update, losses and advantages are the pure kernels of empo2_jax.rl. Beside the a
 evaluation (train/evaluate.py), the run loop, preemption and profiling (train/run_control.py),
 the iteration's metrics (train/view_metrics.py), the old log-probs' source
 (train/old_logp_source.py), checkpoints (train/checkpoint.py), a non-finite update's report
-(train/faults.py).
+(train/faults.py), the iteration's small pieces (train/iteration.py: the mode draw, the episode
+specs, the trained turns, the iteration's result), the env side's set-up (train/build.py
+`rollout_setup`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import logging
 import os
 import time
 from typing import Optional
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from empo2_jax import methods
 from empo2_jax.agent import hosts
-from empo2_jax.agent.actor import Actor, Memory, Rollout
+from empo2_jax.agent.actor import Actor, Rollout
 from empo2_jax.rl import advantages as adv_lib
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
@@ -37,60 +37,21 @@ from empo2_jax.train import build
 from empo2_jax.train import checkpoint as ckpt_lib
 from empo2_jax.train import faults, settings, view_metrics
 from empo2_jax.train.hoststats import PhasePeaks, release_host_memory
+from empo2_jax.train.iteration import (
+  UPDATE_FLOOR_KEYS,
+  IterationResult,
+  draw_mode,
+  group_specs,
+  memory_flags,
+  rollout_timing,
+  trainable_turns,
+)
 from empo2_jax.train.faults import NonFiniteError
 from empo2_jax.train.evaluate import Evaluator, eval_metrics
 from empo2_jax.train.metrics import MetricsWriter, is_remote
 from empo2_jax.train.old_logp_source import OldLogpSource
 from empo2_jax.train.run_control import StopSignal, run_loop
 from empo2_jax.train.teacher import score_teacher_views
-
-log = logging.getLogger("empo2_jax")
-
-UPDATE_FLOOR_KEYS = ("len", "turns", "slots", "slot_rows")
-
-
-def draw_mode(u: float, p_memory: float, q_offpolicy: float) -> str:
-  """docs/method.md §1: u ~ U[0,1). off-policy if u < p*q; on-policy with tips if u < p; else
-  on-policy."""
-  if not (0.0 <= p_memory <= 1.0 and 0.0 <= q_offpolicy <= 1.0):
-    raise ValueError(f"p_memory={p_memory} and q_offpolicy={q_offpolicy} must be in [0, 1]")
-  if u < p_memory * q_offpolicy:
-    return "off"
-  if u < p_memory:
-    return "on_tips"
-  return "on"
-
-
-@dataclasses.dataclass
-class IterationResult:
-  """What one iteration made (Trainer.train_iteration).
-
-  Attributes:
-    metrics: the iteration's metrics (rollout, batch, update, timing, views; metrics.jsonl).
-    episodes: the policy's own episodes of the rollout (saved with train.save_episodes).
-    batch: the host batch the update saw (arrays keyed by rl/batch.py's names), after mini-batch
-      arrangement.
-    per_sample: the update's per-sample figures (mask and length-check counts a sample;
-      train/view_metrics.py), None when nothing was updated.
-  """
-
-  metrics: dict
-  episodes: list
-  batch: dict
-  per_sample: Optional[dict] = None
-
-
-def trainable_turns(episodes) -> list:
-  """The turns the update trains on: every turn of every episode whose env worker did not fail
-  (a failed one has a partial score)."""
-  return [t for e in episodes if not e.env_failed for t in e.turns]
-
-
-def rollout_timing(stats: dict, seconds: float) -> dict:
-  """The rollout's wall-clock phases (agent/actor.py: time/rollout_*) and what is left of its
-  `seconds` (time/rollout_other)."""
-  phases = {k: v for k, v in stats.items() if k.startswith("time/rollout_")}
-  return {**phases, "time/rollout_other": max(0.0, seconds - sum(phases.values()))}
 
 
 class Trainer:
@@ -122,27 +83,9 @@ class Trainer:
     del params
     release_host_memory()
 
-    self.pool, env = build.envs(c)
-    try:
-      task = c.env.task
-      self.train_variations = env.used_variations(task, "train")
-      self.test_variations = env.used_variations(task, "test")
-      materials = build.materials(c, env, self.train_variations + self.test_variations)
-      self.memory = Memory(*build.memory(c))
-      if c.memory.init_from:  # a memory built by another run (its own checkpoint wins on resume)
-        step, store = ckpt_lib.read_memory(c.memory.init_from)
-        if store.dim != self.memory.store.dim:
-          raise ValueError(
-            f"memory.init_from={c.memory.init_from!r}: its embeddings have dim {store.dim}, "
-            f"this run's encoder {self.memory.store.dim}; use the same memory.encoder_dir"
-          )
-        self.memory.replace_store(store)
-        log.info("memory from %s step %d: %d tips", c.memory.init_from, step, len(store))
-    except BaseException:
-      self.pool.close()  # no worker or JVM outlives a failed start
-      raise
-    finally:
-      env.close()
+    self.pool, self.train_variations, self.test_variations, materials, self.memory = (
+      build.rollout_setup(c)
+    )
     # The active method plugins' hooks (empo2_jax/methods/: RND, SGE, HeRL, SPA's answer span);
     # EMPO2 and GRPO have none.
     self.prompt_set = prompt_set = build.suite(c).prompts  # the env's messages (envs/registry.py)
@@ -340,22 +283,14 @@ class Trainer:
     the mode is "on" (docs/method.md §1) or a method says otherwise (Plugin.memory_view).
     Multi-host: every host steps its share of the episodes; all get every episode back."""
     c = self.config
-    specs = [
-      (c.env.task, v, g) for g, v in enumerate(variations) for _ in range(c.rollout.group_size)
-    ]
-    # "shown", "shadow" (retrieved, not shown), "split" (a group's first half shown, the rest
-    # shadow) or "none"
-    view = self.hooks.memory_view(mode)
-    if view == "split":
-      shown = [i % c.rollout.group_size < c.rollout.group_size // 2 for i in range(len(specs))]
-    else:
-      shown = [view == "shown"] * len(specs)
+    specs = group_specs(c.env.task, variations, c.rollout.group_size)
+    shown, shadow = memory_flags(self.hooks.memory_view(mode), len(specs), c.rollout.group_size)
     return self.actor.rollout(
       self.sampling_params(),
       self.model_config,
       specs,
       use_memory=shown,
-      shadow_memory=[view in ("shadow", "split") and not s for s in shown],
+      shadow_memory=shadow,
       temperature=c.rollout.temperature,
       rng=key,
       mode=mode,

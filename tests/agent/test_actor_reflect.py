@@ -1,6 +1,6 @@
-"""The reflect step (agent/actor.Actor.reflect, docs/method.md §2-3): after a rollout, the tips of
-its finished episodes are written on the rollout's open session and go into memory, one entry per
-executed step; the rule reflector samples nothing."""
+"""The reflect step (agent/actor.Actor.reflect -> agent/tip_writer.py, docs/method.md §2-3): after
+a rollout, the tips of its finished episodes are written on the rollout's open session and go into
+memory, one entry per executed step; the rule reflector samples nothing."""
 
 import types
 
@@ -9,6 +9,7 @@ import pytest
 import jax
 
 from empo2_jax.agent import actor as actor_lib
+from empo2_jax.agent import tip_writer
 from empo2_jax.envs.scienceworld.prompts import SCIENCEWORLD
 from empo2_jax.agent.actor import Rollout
 from empo2_jax.agent.episode import ActorSettings, Episode
@@ -31,7 +32,7 @@ class _FakeTok:
 def test_reflect_with_the_rule_reflector_samples_nothing_and_writes_the_rule_tip(monkeypatch):
   writes = []
   monkeypatch.setattr(
-    actor_lib, "gather_and_commit", lambda store, enc, w, it: (writes.extend(w), [1] * len(w))
+    tip_writer, "gather_and_commit", lambda store, enc, w, it: (writes.extend(w), [1] * len(w))
   )
   a = object.__new__(actor_lib.Actor)
   a.settings = ActorSettings(reflector="rule", memory_key="step")

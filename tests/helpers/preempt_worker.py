@@ -23,7 +23,8 @@ import jax  # noqa: E402
 
 from empo2_jax.train.hoststats import PhasePeaks  # noqa: E402
 from empo2_jax.train.run_control import StopSignal  # noqa: E402
-from empo2_jax.train.trainer import IterationResult, Trainer  # noqa: E402
+from empo2_jax.train.iteration import IterationResult  # noqa: E402
+from empo2_jax.train.trainer import Trainer  # noqa: E402
 
 ITERATIONS = 200  # far more than run before the test's SIGTERM
 

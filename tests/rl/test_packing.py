@@ -221,7 +221,7 @@ def test_max_update_shape_bounds_every_batch_of_the_config(tok, layout):
   every iteration's update has exactly that shape: one update program for the run."""
   from configs import sciworld
   from empo2_jax.train import settings
-  from empo2_jax.train.trainer import UPDATE_FLOOR_KEYS
+  from empo2_jax.train.iteration import UPDATE_FLOOR_KEYS
 
   c = sciworld.get_config("tiny")
   with c.unlocked():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from empo2_jax.train.build import ConfigError, check_config
-from empo2_jax.train.trainer import draw_mode
+from empo2_jax.train.iteration import draw_mode
 from configs import sciworld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
