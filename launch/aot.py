@@ -3,9 +3,12 @@
   python launch/aot.py --program=lm_train_step --preset=7b --topology=v5p:2x2x1 \
       --batch=128 --seq=4500 --microbatches=32 --remat=full
 
-Needs libtpu installed (requirements-dev.txt); no TPU and no parameter memory are used. The last
-line is machine-readable:
+Needs libtpu installed: the dev install pins the libtpu that `pip install ".[tpu]"` puts on a TPU
+VM with our jax (requirements-dev.txt), so the check compiles with the pod's compiler; the report
+names the libtpu and jax versions it compiled with. No TPU and no parameter memory are used. The
+last line is machine-readable:
   aot program=<p> preset=<p> topology=<t> per_chip_gib=<x> hbm_gib=<y> fits=<true|false> est_mfu=<z>
+      libtpu=<version>
 """
 
 import argparse

@@ -4,8 +4,9 @@
   python scripts/aot_table.py --rows 7 8      # only these rows (1-based, as printed by --list)
   python scripts/aot_table.py --list          # the rows and their launch/aot.py flags
 
-Needs libtpu (requirements-dev.txt); runs on a CPU machine. Each row is exactly one
-launch/aot.py command, so a row of the table equals that command's output.
+Needs libtpu (requirements-dev.txt pins the one `pip install ".[tpu]"` installs); runs on a CPU
+machine. Each row is exactly one launch/aot.py command, so a row of the table equals that
+command's output; the last line names the libtpu and jax versions the rows were compiled with.
 """
 
 from __future__ import annotations
@@ -69,22 +70,26 @@ def parse(text: str) -> dict:
   out["est_s"] = f"{float(m.group(1)):.1f}" if m else "–"
   m = re.search(r"est_mfu=([\d.]+)", text)
   out["mfu"] = f"{float(m.group(1)):.2f}" if m else "–"
+  m = re.search(r"^compiler: (.+)$", text, re.M)
+  out["compiler"] = m.group(1) if m else None
   return out
 
 
-def run_row(label: str, flags: str) -> str:
+def run_row(label: str, flags: str) -> tuple[str, str | None]:
+  """The row's markdown and the compiler launch/aot.py names ("libtpu X with jax Y")."""
   cmd = [sys.executable, os.path.join(ROOT, "launch", "aot.py"), *flags.split()]
   out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
   if out.returncode != 0:
-    return f"| {label} | error: {out.stderr.strip().splitlines()[-1:]} |"
+    return f"| {label} | error: {out.stderr.strip().splitlines()[-1:]} |", None
   f = parse(out.stdout)
   if f["micro"] == "?":  # a program that does not fit prints no micro-batch line
     m = re.search(r"--microbatches=(\d+)", flags)
     f["micro"] = m.group(1) if m else "?"
-  return (
+  row = (
     f"| {label} | {f['topology']} ({f['chips']}) | {f['micro']} | {f['gib']} | {f['hbm']} | "
     f"{f['fits']} | {f['est_s']} | {f['mfu']} |"
   )
+  return row, f["compiler"]
 
 
 def main() -> int:
@@ -98,8 +103,14 @@ def main() -> int:
     return 0
   picks = a.rows or range(1, len(ROWS) + 1)
   print(HEAD)
+  compilers = set()
   for i in picks:
-    print(run_row(*ROWS[i - 1]), flush=True)
+    row, compiler = run_row(*ROWS[i - 1])
+    print(row, flush=True)
+    if compiler:
+      compilers.add(compiler)
+  # the table's header sentence names this (docs/aot_table.md)
+  print(f"\nCompiled by {' / '.join(sorted(compilers)) or 'nothing (every row failed)'}.")
   return 0
 
 

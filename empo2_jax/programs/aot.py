@@ -28,6 +28,7 @@ returns `Program(fn, args, model_flops, floor_flops)`; the EMPO2 `train_step` an
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from typing import Any, Callable, NamedTuple
@@ -259,6 +260,20 @@ def cost_estimate(req: AotRequest, config: LlamaConfig, mesh, prog: Program, dev
   }
 
 
+def libtpu_version() -> str:
+  """The libtpu that compiles: the `libtpu` package's version (the one `pip install ".[tpu]"`
+  puts on a TPU VM, pinned in the dev install too), or the file $TPU_LIBRARY_PATH names when it
+  points elsewhere; "none" without libtpu."""
+  try:
+    import libtpu
+  except ImportError:
+    return os.environ.get("TPU_LIBRARY_PATH") or "none"
+  path = os.environ.get("TPU_LIBRARY_PATH")
+  if path and os.path.realpath(path) != os.path.realpath(libtpu.get_library_path()):
+    return path
+  return libtpu.__version__
+
+
 def compile_program(req: AotRequest) -> dict:
   """Compile `req.program` for `req.topology` and return the figures of the report."""
   if req.program not in PROGRAMS:
@@ -291,6 +306,8 @@ def compile_program(req: AotRequest) -> dict:
       "program": req.program,
       "preset": req.preset,
       "topology": req.topology,
+      "libtpu": libtpu_version(),
+      "jax": jax.__version__,
       "mesh": dict(mesh.shape),
       "chips": chips,
       "devices": len(devices),
@@ -321,6 +338,8 @@ def compile_program(req: AotRequest) -> dict:
     "program": req.program,
     "preset": req.preset,
     "topology": req.topology,
+    "libtpu": libtpu_version(),
+    "jax": jax.__version__,
     "mesh": dict(mesh.shape),
     "chips": chips,
     "devices": len(devices),
@@ -341,7 +360,7 @@ def _last_line(r: dict) -> str:
   return (
     f"aot program={r['program']} preset={r['preset']} topology={r['topology']} "
     f"per_chip_gib={r['per_chip_gib']:.2f} hbm_gib={r['hbm_gib']:g} "
-    f"fits={'true' if r['fits'] else 'false'} est_mfu={r['est_mfu']:.3f}"
+    f"fits={'true' if r['fits'] else 'false'} est_mfu={r['est_mfu']:.3f} libtpu={r['libtpu']}"
   )
 
 
@@ -360,7 +379,8 @@ def _time_phrase(r: dict) -> str:
 def format_report(r: dict, req: AotRequest) -> str:
   head = (
     f"program {r['program']}  preset {r['preset']} ({r['params_b']:.2f}B params)  topology "
-    f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}"
+    f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}\n"
+    f"compiler: libtpu {r['libtpu']} with jax {r['jax']}"
   )
   if "oom" in r:
     return "\n".join(

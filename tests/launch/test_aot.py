@@ -1,11 +1,13 @@
 """launch/aot.py compiles for a TPU topology through libtpu (subprocess: libtpu stays out of the
 pytest process) and reports memory, fit and MFU on its last line."""
 
+import importlib.metadata
 import os
 import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from empo2_jax.model.configs import get_preset
@@ -13,13 +15,14 @@ from empo2_jax.model.configs import get_preset
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINE = re.compile(
   r"^aot program=(\S+) preset=(\S+) topology=(\S+) per_chip_gib=([0-9.]+) "
-  r"hbm_gib=([0-9.]+) fits=(true|false) est_mfu=([0-9.]+|nan)$"
+  r"hbm_gib=([0-9.]+) fits=(true|false) est_mfu=([0-9.]+|nan) libtpu=(\S+)$"
 )
 
 
 def aot(*args):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
+  env.pop("TPU_LIBRARY_PATH", None)
   proc = subprocess.run(
     [sys.executable, os.path.join(ROOT, "launch", "aot.py"), *args],
     capture_output=True,
@@ -33,7 +36,7 @@ def aot(*args):
 def parse_last_line(stdout):
   m = LINE.match(stdout.strip().splitlines()[-1])
   assert m, stdout
-  prog, preset, topo, per_chip, hbm, fits, mfu = m.groups()
+  prog, preset, topo, per_chip, hbm, fits, mfu, libtpu = m.groups()
   return dict(
     program=prog,
     preset=preset,
@@ -42,6 +45,7 @@ def parse_last_line(stdout):
     hbm=float(hbm),
     fits=fits == "true",
     mfu=float(mfu),
+    libtpu=libtpu,
   )
 
 
@@ -60,6 +64,9 @@ def test_tiny_lm_train_step_fits_v5p_and_reports_figures():
   assert floor < r["per_chip"] < 2.0
   assert 0 < r["mfu"] < 1
   assert "mesh {'data': 1, 'fsdp': 4, 'tensor': 1}" in out and "compiler flops" in out
+  # the compiler it names is the installed libtpu package (TPU_LIBRARY_PATH unset)
+  libtpu = importlib.metadata.version("libtpu")
+  assert r["libtpu"] == libtpu and f"compiler: libtpu {libtpu} with jax {jax.__version__}" in out
 
 
 @pytest.mark.slow
