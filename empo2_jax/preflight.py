@@ -8,6 +8,7 @@ train/checkpoint.py) still check everything they read.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from typing import Any
@@ -84,12 +85,51 @@ def check_exists(path: str, key: str) -> None:
 
 
 def check_workdir(path: str) -> None:
-  """A workdir is a directory or not there yet (train creates it); never a file."""
+  """A workdir is a directory, or not there yet and creatable (train creates it); never a file.
+  One that cannot be created says why: a file in its path, permission, a read-only file system."""
   check_remote(path)
-  if not is_remote(path) and os.path.exists(path) and not os.path.isdir(path):
+  if is_remote(path):
+    return
+  if os.path.exists(path):
+    if not os.path.isdir(path):
+      raise UserError(
+        "the workdir is a file, not a directory", path, "pass a directory (train creates it)"
+      )
+    return
+  why = creation_problem(path)
+  if why:
     raise UserError(
-      "the workdir is a file, not a directory", path, "pass a directory (train creates it)"
+      f"the workdir cannot be created: {why}", path, "pass a directory you can write to"
     )
+
+
+_CREATE_ERRORS = {
+  errno.EACCES: "permission denied in {parent}",
+  errno.EPERM: "{parent} does not allow new directories (operation not permitted)",
+  errno.EROFS: "{parent} is on a read-only file system",
+  errno.ENOENT: "{parent} does not allow new directories",
+  errno.ENOSPC: "no space left on the device of {parent}",
+  errno.EDQUOT: "the disk quota of {parent} is used up",
+}
+
+
+def creation_problem(path: str) -> str | None:
+  """Why directory `path` (absent) cannot be created, or None: its nearest existing ancestor must
+  be a directory in which a new directory can be made (tried: made and removed at once)."""
+  parent, first = os.path.abspath(path), None
+  while not os.path.exists(parent):
+    parent, first = os.path.dirname(parent), parent
+  if not os.path.isdir(parent):
+    return f"{parent} is a file, not a directory"
+  try:
+    os.mkdir(first)
+  except FileExistsError:  # made by another process meanwhile: it can be made
+    return None
+  except OSError as e:
+    template = _CREATE_ERRORS.get(e.errno)
+    return template.format(parent=parent) if template else f"{e.strerror} in {parent}"
+  os.rmdir(first)
+  return None
 
 
 def check_model_path(path: str, key: str = "--config.model.checkpoint") -> None:
@@ -182,6 +222,7 @@ __all__ = [
   "check_flags",
   "check_model_path",
   "check_workdir",
+  "creation_problem",
   "check_overrides",
   "check_remote",
   "load_config",

@@ -401,8 +401,8 @@ def format_report(r: dict, req: AotRequest) -> str:
     f"per chip: {r['per_chip_gib']:.3f} GiB of {r['hbm_gib']} GiB HBM -> "
     f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
     (
-      f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}), "
-      + _time_phrase(r)
+      f"compiler flops {r['compiler_flops']:.3e} (model flops {r['model_flops']:.3e}, "
+      f"matmul floor {r['floor_flops']:.3e}), " + _time_phrase(r)
       if req.cost_probe
       else f"cost probe off: no compiler flops / time (model flops {r['model_flops']:.3e})"
     ),

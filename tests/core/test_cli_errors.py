@@ -4,6 +4,7 @@
 Each case runs the script in a subprocess. The checks run before JAX starts, so each takes about
 a second (the test asserts no timing; the subprocess timeout only stops a hang)."""
 
+import errno
 import json
 import os
 import subprocess
@@ -86,6 +87,18 @@ CASES = [
   ("config.json not JSON", "train.py", [SCI, "--config.model.checkpoint={not_json}"], ["notjson"]),
   ("no weights", "train.py", [SCI, "--config.model.checkpoint={no_weights}"], ["noweights"]),
   ("workdir is a file", "train.py", [TINY, "--workdir={file}"], ["afile"]),
+  (
+    "workdir under a file",
+    "train.py",
+    [TINY, "--workdir={file}/run"],
+    ["cannot be created", "afile is a file, not a directory"],
+  ),
+  (
+    "workdir where no directory can be made",
+    "train.py",
+    [TINY, "--workdir=/proc/empo2-run"],
+    ["cannot be created", "/proc does not allow new directories"],
+  ),
   ("eval: empty workdir", "eval.py", [TINY, "--workdir={empty_run}"], ["emptyrun", "--initial"]),
   ("eval: misspelled workdir", "eval.py", [TINY, "--workdir={missing}"], ["does-not-exist"]),
   ("eval: workdir is a file", "eval.py", [TINY, "--workdir={file}"], ["afile"]),
@@ -164,3 +177,26 @@ def test_one_line_keeps_the_structure():
   assert cli.one_line(e) == "error: the thing broke (/some/file): fix it"
   assert cli.one_line(ValueError("a\n  b\n")) == "error: a; b"
   assert cli.is_user_error(e) and not cli.is_user_error(ValueError("x"))
+
+
+@pytest.mark.parametrize(
+  "code, words",
+  [
+    (errno.EROFS, "read-only file system"),
+    (errno.EACCES, "permission denied in"),
+    (errno.ENOSPC, "no space left"),
+  ],
+)
+def test_workdir_creation_problem_says_why(code, words, tmp_path, monkeypatch):
+  from empo2_jax import preflight
+
+  def refuse(path, *args, **kwargs):
+    raise OSError(code, os.strerror(code), path)
+
+  monkeypatch.setattr(os, "mkdir", refuse)
+  with pytest.raises(preflight.UserError) as e:
+    preflight.check_workdir(str(tmp_path / "a" / "b"))
+  assert words in str(e.value) and str(tmp_path) in str(e.value)
+  monkeypatch.undo()
+  assert preflight.creation_problem(str(tmp_path / "a" / "b")) is None
+  assert not (tmp_path / "a").exists()  # the check leaves nothing behind

@@ -28,7 +28,7 @@ UPPER = tuple(f"empo2_jax.{p}" for p in ("methods", "baselines", "train"))
 # bottom: a unit imports only units on LOWER floors (and itself). A new package must be placed
 # here; an import that runs sideways or back up fails with its file and line.
 FLOORS = (
-  ("errors", "text", "config_keys"),  # leaves
+  ("errors", "text", "config_keys", "platforms"),  # leaves
   ("remote", "tips"),
   ("parallel", "compile_cache"),  # primitives: mesh, sharding rules
   ("model", "data"),

@@ -150,7 +150,7 @@ def _registered_programs():
 @pytest.mark.slow
 def test_every_registered_programs_cost_probe_is_trusted():
   # The probe's flops must reach each program's matmul floor (programs/aot.trusted_estimate):
-  # a refactor that hides work in a loop the probe counts once turns est_mfu into nan here.
+  # a refactor that hides work in a loop the probe counts once falls below it here.
   programs = _registered_programs()
   assert {"forward", "lm_train_step", "train_step", "sampler"} <= set(programs)
   # the microbatched programs split the batch in two; the prefill program's chunk (1,024 tokens,
@@ -164,4 +164,13 @@ def test_every_registered_programs_cost_probe_is_trusted():
     rc, out, err = aot(f"--program={program}", *TINY, *extra.get(program, []))
     assert rc == 0, (program, err[-3000:])
     r = parse_last_line(out)
-    assert 0 < r["mfu"] < 1, (program, out[-2000:])
+    flops, floor = map(
+      float, re.search(r"compiler flops (\S+) .*matmul floor (\S+)\)", out).groups()
+    )
+    assert flops > 0 and flops >= floor, (program, out[-2000:])
+    # libtpu's time model (not the probe) gives no positive time for some programs (0.0.42.1:
+    # train_step on v5p); then the report says so and gives no MFU
+    if "cost model gave a time <= 0" in out:
+      assert r["mfu"] != r["mfu"], (program, out[-2000:])  # nan
+    else:
+      assert 0 < r["mfu"] < 1, (program, out[-2000:])
