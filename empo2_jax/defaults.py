@@ -12,7 +12,7 @@ import ml_collections
 from empo2_jax import methods
 from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
 from empo2_jax.methods import empo2 as empo2_method
-from empo2_jax.rl import loss_terms
+from empo2_jax.rl import advantages, loss_terms
 
 
 def get_config(arg=None):
@@ -117,6 +117,11 @@ def get_config(arg=None):
   # `gigpo` method (methods/gigpo.py) sets verl-agent's values.
   c.advantage.episode_stats = "trajectory"
   c.advantage.invalid_penalty = 0.0
+  # The registered estimators' own keys (rl/advantages.register_estimator(keys=...)), e.g. one a
+  # user registers from a file given to --import
+  for k, v in advantages.default_keys().items():
+    if k not in c.advantage:
+      c.advantage[k] = v
   c.optim = dict(
     lr=1e-6,
     weight_decay=0.01,

@@ -17,8 +17,11 @@ Estimators by name (`advantage.estimator`): a registry of functions of the train
 rl/batch.Turn), each with the `advantage.<key>` settings it reads:
 
     turn_advantages(turns, "gigpo", config.advantage)       # [N] float32
-    @register_estimator("my_adv", settings=("gamma",))       # a new estimator: one function
-    def my_adv(turns, gamma=0.95): ...
+    @register_estimator("my_adv", settings=("gamma",), keys={"my_adv_temp": 1.0})
+    def my_adv(turns, gamma=0.95, my_adv_temp=1.0): ...     # a new estimator: one function
+
+`settings` names keys the base config has; `keys` adds the estimator's own to the `advantage`
+section with their defaults (defaults.py), so `--config.advantage.my_adv_temp=2` works.
 
 Every estimator adds the turns' memory reward r_int (docs/method.md §3) to the score it
 normalises.
@@ -27,7 +30,7 @@ normalises.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -220,28 +223,53 @@ class Estimator:
   name: str
   fn: Callable[..., np.ndarray]  # fn(turns, **settings) -> [N] float32
   settings: tuple[str, ...]  # the advantage.<key> settings fn takes, by the config's names
+  keys: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # its own keys -> defaults
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_estimator(name: str, settings: Sequence[str] = ()):
+def register_estimator(
+  name: str, settings: Sequence[str] = (), keys: Optional[Mapping[str, Any]] = None
+):
   """Decorator: registers fn(turns, **settings) as advantage.estimator=`name`.
 
   Args:
     name: the estimator's name; must not be registered yet.
-    settings: the advantage.<key> settings fn takes as keyword arguments, by the config's names.
+    settings: the advantage.<key> settings fn takes as keyword arguments, by the config's names
+      (keys the base config has, such as gamma).
+    keys: the estimator's own config keys -> defaults: defaults.py adds each to the `advantage`
+      section (register before the config is built, e.g. from a file given to --import), and fn
+      takes them as keyword arguments like `settings`. A key another estimator declared with
+      another default is refused.
   Returns:
     A decorator that registers fn and returns it unchanged.
   """
+  keys = dict(keys or {})
+  for other in ESTIMATORS.values():
+    clash = [k for k in keys if k in other.keys and other.keys[k] != keys[k]]
+    if clash:
+      raise ValueError(
+        f"advantage estimator {name!r}: advantage.{clash[0]} is {other.name!r}'s key with "
+        f"default {other.keys[clash[0]]!r}; name yours differently"
+      )
 
   def deco(fn):
     if name in ESTIMATORS:
       raise ValueError(f"advantage estimator {name!r} is already registered")
-    ESTIMATORS[name] = Estimator(name, fn, tuple(settings))
+    ESTIMATORS[name] = Estimator(name, fn, tuple(settings) + tuple(keys), keys)
     return fn
 
   return deco
+
+
+def default_keys() -> dict:
+  """Every registered estimator's own config keys and defaults (defaults.py adds them to
+  `advantage`)."""
+  out: dict = {}
+  for est in ESTIMATORS.values():
+    out.update(est.keys)
+  return out
 
 
 def get_estimator(name: str) -> Estimator:

@@ -126,3 +126,55 @@ def test_a_method_from_a_user_file_trains_and_evaluates(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   res = json.loads((work / "eval" / "result.json").read_text())
   assert res["method"] == "ext_bonus"
+
+
+# An advantage estimator with a config key of its own, in a user's file: every turn gets the
+# key's value as its advantage, so the run's advantage_abs_mean shows what the estimator read.
+ESTIMATOR = textwrap.dedent(
+  """
+  import numpy as np
+
+  from empo2_jax.rl import advantages
+
+
+  @advantages.register_estimator("ext_const", keys={"ext_const_value": 0.5})
+  def ext_const(turns, ext_const_value=0.0):
+    return np.full(len(turns), ext_const_value, np.float32)
+  """
+)
+
+
+def test_an_estimator_key_from_a_user_file_parses_as_the_config_does(tmp_path):
+  est = _write(tmp_path, "ext_estimator.py", ESTIMATOR)
+  common = ["--config=configs/frozenlake.py:tiny", f"--workdir={tmp_path / 'w'}"]
+  out = _launch("train.py", *common, "--config.advantage.ext_const_value=1.5", timeout=300)
+  assert out.returncode == 2 and "ext_const_value" in out.stderr  # unknown without the import
+  out = _launch(
+    "train.py", *common, f"--import={est}", "--config.advantage.ext_const_value=abc", timeout=300
+  )
+  assert out.returncode == 2, out.stderr[-2000:]
+  line = out.stderr.strip().splitlines()[-1]
+  assert line.startswith("error: ") and "abc" in line  # a float key: "abc" does not parse
+  assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow  # one tiny FrozenLake iteration: ~1 min
+def test_an_estimator_from_a_user_file_reads_its_own_key(tmp_path):
+  est = _write(tmp_path, "ext_estimator.py", ESTIMATOR)
+  work = tmp_path / "run"
+  out = _launch(
+    "train.py",
+    "--config=configs/frozenlake.py:tiny",
+    f"--import={est}",
+    f"--workdir={work}",
+    "--config.advantage.estimator=ext_const",
+    "--config.advantage.ext_const_value=1.5",
+    "--config.train.iterations=1",
+    "--config.train.eval_every=0",
+    "--config.train.eval_at_end=False",
+    "--no_progress",
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines() if x.strip()]
+  trained = [r for r in rows if "advantage_abs_mean" in r]
+  assert trained and trained[-1]["advantage_abs_mean"] == pytest.approx(1.5)

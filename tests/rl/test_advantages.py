@@ -397,3 +397,29 @@ def test_estimator_registry_takes_its_settings_by_name_and_refuses_unknown_names
       adv.turn_advantages(turns, "ppo")
   finally:
     del adv.ESTIMATORS["toy_adv"]
+
+
+def test_an_estimator_declares_its_own_config_keys():
+  """register_estimator(keys=...) adds the estimator's keys to the `advantage` section with their
+  defaults (defaults.get_config), and the estimator reads them from the config by name."""
+  import types
+
+  from empo2_jax import defaults
+  from empo2_jax.rl import advantages as adv
+
+  @adv.register_estimator("toy_keys", settings=("gamma",), keys={"toy_shift": 0.5})
+  def toy(turns, gamma=0.0, toy_shift=0.0):
+    return np.full(len(turns), gamma + toy_shift, np.float32)
+
+  try:
+    c = defaults.get_config()
+    assert c.advantage.toy_shift == 0.5 and c.advantage.gamma == 0.95
+    c.advantage.toy_shift = 2.0
+    got = adv.turn_advantages([types.SimpleNamespace()] * 2, "toy_keys", c.advantage)
+    np.testing.assert_allclose(got, [2.95, 2.95], rtol=1e-6)
+    with pytest.raises(ValueError, match="'toy_keys''s key with default 0.5"):
+      adv.register_estimator("other", keys={"toy_shift": 1.0})
+    assert "other" not in adv.ESTIMATORS
+  finally:
+    del adv.ESTIMATORS["toy_keys"]
+  assert "toy_shift" not in defaults.get_config().advantage
