@@ -41,6 +41,12 @@ def get_config(arg=None):
     # that recomputes the score tiles: nothing [T, T]-sized kept for the gradient) or "dense"
     # (full score rows per query block); model/attention.py, bench/attention.py.
     attention_impl="flash",
+    # LoRA (model/lora.py): 0 trains every weight; r > 0 freezes the base (which may then be
+    # stored in bfloat16) and trains rank-r fp32 adapters on lora_targets (peft's module names,
+    # comma-separated, or all-linear), their output scaled by lora_alpha / lora_rank.
+    lora_rank=0,
+    lora_alpha=16.0,
+    lora_targets="all-linear",
   )
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
 

@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
+from empo2_jax.model import lora
+
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 ATTENTION_IMPLS = ("flash", "dense")
 DECODE_KERNELS = ("auto", "cpu", "xla")  # LlamaConfig.decode_kernels (model/cpu_kernels.py)
@@ -92,6 +94,12 @@ class LlamaConfig:
   # filled cache, read in place), XLA's otherwise; "cpu" insists on them (an error where they
   # cannot run); "xla" never uses them. Other backends always run XLA.
   decode_kernels: str = "auto"
+  # LoRA (model/lora.py): 0 trains every weight; r > 0 freezes them and trains rank-r fp32
+  # adapters on lora_targets (peft's module names; a string such as "all-linear" or
+  # "q_proj,v_proj" is parsed), their output scaled by lora_alpha / lora_rank.
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = tuple(lora.TARGETS)
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -117,10 +125,21 @@ class LlamaConfig:
       raise TypeError(f"rope_scaling={self.rope_scaling!r}; pass a configs.RopeScaling or None")
     if isinstance(self.eos_token_id, list):  # keep the config hashable (a jit static argument)
       object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+    object.__setattr__(self, "lora_targets", lora.parse_targets(self.lora_targets))
+    if self.lora_rank < 0 or self.lora_alpha <= 0:
+      raise ValueError(
+        f"lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha}: need rank >= 0 (0: full "
+        "fine-tuning) and alpha > 0"
+      )
 
   @property
   def architecture(self) -> str:
     return "Qwen2ForCausalLM" if self.attention_bias else "LlamaForCausalLM"
+
+  @property
+  def lora_scale(self) -> float:
+    """The adapters' output scale, alpha / r (peft's `scaling`); 0 without adapters."""
+    return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
   @property
   def jnp_param_dtype(self):

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from empo2_jax import remote
+from empo2_jax.model import lora
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.model.llama import param_shapes
 from empo2_jax.model.safetensors_io import (  # noqa: F401  (re-exported)
@@ -227,7 +228,9 @@ def _hf_tensors(config: LlamaConfig, params) -> Iterator[tuple[str, np.ndarray]]
 def save_checkpoint(
   path: str, config: LlamaConfig, params, *, max_shard_bytes: int = 4 << 30
 ) -> None:
-  """Write config.json + safetensors (sharded with an index past `max_shard_bytes`)."""
+  """Write config.json + safetensors (sharded with an index past `max_shard_bytes`); LoRA
+  adapters in `params` are merged into their weights first (lora.merge)."""
+  params = lora.merge(params, config)
   with remote.writable_dir(path) as local:  # gs://: a temp dir, uploaded, then removed
     shards, current, size = [], {}, 0
     for name, arr in _hf_tensors(config, params):
@@ -251,3 +254,16 @@ def save_checkpoint(
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
     with open(os.path.join(local, "config.json"), "w") as f:
       json.dump(config.to_hf_dict(), f, indent=1)
+
+
+def save_lora_adapters(path: str, config: LlamaConfig, params, base_model: str = "") -> None:
+  """Write the adapters of `params` in peft's layout (model/lora.py): adapter_model.safetensors
+  + adapter_config.json, which peft.PeftModel.from_pretrained loads onto the base model."""
+  if not lora.split(params)[0]:
+    raise ValueError("these params have no LoRA adapters to write (model.lora_rank is 0)")
+  with remote.writable_dir(path) as local:
+    write_safetensors(
+      os.path.join(local, "adapter_model.safetensors"), lora.peft_tensors(params, config)
+    )
+    with open(os.path.join(local, "adapter_config.json"), "w") as f:
+      json.dump(lora.peft_config(config, base_model), f, indent=1)

@@ -10,6 +10,7 @@ and sharded by regex):
                mlp_norm [L, D]; w_gate, w_up [L, D, F]; w_down [L, F, D]
   final_norm   [D]
   lm_head      [D, V]   (absent when tie_word_embeddings: the embedding is reused)
+  layers/<w>_lora_a [L, in, r], <w>_lora_b [L, r, out]: LoRA adapters of weight w (model/lora.py)
 
 Numerics follow Hugging Face's Llama/Qwen2: RMSNorm statistics in float32, the normalised value
 cast back to the compute dtype before the weight multiply; RoPE frequencies in float32 from explicit
@@ -24,7 +25,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import cpu_kernels
+from empo2_jax.model import cpu_kernels, lora
 from empo2_jax.model.attention import flash_attention
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.model.grad_accum import scan_accumulating
@@ -201,11 +202,13 @@ def decoder_layer(config: LlamaConfig, x, layer, cos, sin, attend, kernels: bool
   def w(n):
     return layer[n].astype(dt)
 
-  def mm(y, key):  # y @ each weight of TRANSPOSED[key]
+  def mm(y, key):  # y @ each weight of TRANSPOSED[key], plus its LoRA adapter's delta if any
     names = TRANSPOSED[key]
     if kernels and key in layer:
-      return [o.astype(dt) for o in cpu_kernels.products(y, [w(n) for n in names], layer[key])]
-    return [y @ w(n) for n in names]
+      outs = [o.astype(dt) for o in cpu_kernels.products(y, [w(n) for n in names], layer[key])]
+    else:
+      outs = [y @ w(n) for n in names]
+    return lora.add_deltas(y, outs, layer, names, c.lora_scale, dt)
 
   def rows(y):  # [B, T, D]: rows split, width whole
     return shard_activation(y, BATCH_AXES, None, None)

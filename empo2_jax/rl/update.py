@@ -49,6 +49,10 @@ Precision: params are fp32 master weights (and so are the AdamW moments and the 
 model casts each weight to `compute_dtype` where it is used, so with compute_dtype=bfloat16 the
 matmuls run in bf16 from the fp32 masters inside the jitted step. bf16 storage is refused:
 one lr-1e-6 step is ~1% of a bf16 ulp at |w| = 0.02 and rounds away.
+
+LoRA (model/lora.py; a params tree with adapters): the gradient, the optimizer state and the step
+cover the fp32 adapters only (lora.trainable); the base, which may be stored in bf16, rides
+through the state unchanged (donated and aliased, never copied).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from empo2_jax.model import lora
 from empo2_jax.parallel.sharding import on_mesh
 from empo2_jax.rl import update_steps
 from empo2_jax.rl.logprobs import response_logprobs
@@ -137,12 +142,15 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-  return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+  """The state of `params`; the optimizer's covers what the update trains (lora.trainable: the
+  LoRA adapters where the tree has them, else every weight)."""
+  return TrainState(params, optimizer.init(lora.trainable(params)[0]), jnp.zeros((), jnp.int32))
 
 
 def check_master_dtype(model_config) -> None:
-  """The update trains fp32 master weights; anything else cannot take an lr-1e-6 step."""
-  if model_config.param_dtype != MASTER_DTYPE:
+  """The update trains fp32 master weights; anything else cannot take an lr-1e-6 step. With LoRA
+  the trained weights are the fp32 adapters, and the frozen base may be stored in any dtype."""
+  if model_config.param_dtype != MASTER_DTYPE and not model_config.lora_rank:
     raise ValueError(
       f"model param_dtype={model_config.param_dtype!r}: the update keeps {MASTER_DTYPE} master "
       "weights (and AdamW moments). In bfloat16 storage an lr-1e-6 AdamW step is far below "
@@ -157,11 +165,15 @@ def _fuse_layer_grads(model_config, fuse_layer_grads: Optional[bool]) -> bool:
   (model/grad_accum.py): fuse_layer_grads, or where it is None wherever the model allows it
   (scanned layers with full remat). Raises ValueError when asked for where it is not allowed."""
   fusable = getattr(model_config, "scan_layers", False) and model_config.remat == "full"
-  if fuse_layer_grads and not fusable:
+  lora_rank = getattr(model_config, "lora_rank", 0)
+  if fuse_layer_grads and (lora_rank or not fusable):
     raise ValueError(
-      "fuse_layer_grads needs scanned layers with full remat; got "
-      f"scan_layers={getattr(model_config, 'scan_layers', None)}, remat={model_config.remat!r}"
+      "fuse_layer_grads needs full fine-tuning (lora_rank=0: LoRA's adapter gradients are small) "
+      "with scanned layers and full remat; got "
+      f"lora_rank={lora_rank}, scan_layers={getattr(model_config, 'scan_layers', None)}, "
+      f"remat={model_config.remat!r}"
     )
+  fusable = fusable and not lora_rank
   return fusable if fuse_layer_grads is None else fuse_layer_grads
 
 

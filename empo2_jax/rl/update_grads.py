@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from empo2_jax.model import lora
 from empo2_jax.rl import loss_terms
 from empo2_jax.rl.loops import (
   any_after_first,
@@ -244,11 +245,13 @@ def _rest_loss(rest, acc, *, layers, d, token_denom, seq_denom, setup):
 def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, setup):
   """One micro-batch's contribution to its mini-batch's gradient: d (leaves [mb, ...], as
   minibatch_loss reads them) -> (grads + the gradient of minibatch_loss over `params`, the loss's
-  metrics); grads is the float32 accumulator, a params-shaped tree. With setup.fuse the layers'
+  metrics); grads is the float32 accumulator shaped like what the update trains (lora.trainable:
+  the LoRA adapters, or every weight). With setup.fuse the layers'
   gradient goes straight into grads["layers"] (the cotangent of layer_grads is layer_grads + this
   micro-batch's layer gradient, model/grad_accum.py: no second params-sized buffer for the
   layers); the rest (embedding, final norm, lm head) is summed as usual."""
-  if setup.fuse:
+  train, frozen = lora.trainable(params)
+  if setup.fuse and not frozen:
     layers = params["layers"]
     rest = {k: v for k, v in params.items() if k != "layers"}
     rest_loss = functools.partial(
@@ -262,8 +265,11 @@ def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, setup):
     fused_grad = jax.value_and_grad(rest_loss, argnums=(0, 1), has_aux=True)
     (_, met), (g_rest, acc) = fused_grad(rest, grads["layers"])
     return {**_add({k: grads[k] for k in g_rest}, g_rest), "layers": acc}, met
-  loss_fn = functools.partial(minibatch_loss, setup=setup)
-  (_, met), g = jax.value_and_grad(loss_fn, has_aux=True)(params, d, token_denom, seq_denom)
+
+  def loss_fn(train):  # the frozen part (LoRA's base) is a constant: no gradient is formed
+    return minibatch_loss(lora.join(train, frozen), d, token_denom, seq_denom, setup=setup)
+
+  (_, met), g = jax.value_and_grad(loss_fn, has_aux=True)(train)
   return _add(grads, g), met
 
 
@@ -291,7 +297,8 @@ def minibatch_step(state, d, *, setup):
   met_shape = jax.eval_shape(
     lambda: minibatch_loss(state.params, index_tree(d, 0), token_denom, seq_denom, setup=setup)[1]
   )
-  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+  train, frozen = lora.trainable(state.params)  # LoRA: the adapters; else every weight
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train)
   met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), met_shape)
   micro = functools.partial(
     _accumulate,
@@ -304,9 +311,9 @@ def minibatch_step(state, d, *, setup):
   # A micro-batch without response tokens adds exactly zero to every sum: skipped.
   grads, met = nonempty_loop(any_after_first(mask > 0), micro, (zeros, met0))
   met["grad_norm"] = optax.global_norm(grads)
-  updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
+  updates, opt_state = setup.optimizer.update(grads, state.opt_state, train)
   # This step's parameter change, from the update itself: no copy of the pre-update params
   # is held (it cost a params-sized buffer: 0.5 GiB for SmolLM2, 7.1 GiB a chip for 7B).
   met["update_norm"] = optax.global_norm(updates)
-  params = optax.apply_updates(state.params, updates)
+  params = lora.join(optax.apply_updates(train, updates), frozen)
   return state._replace(params=params, opt_state=opt_state, step=state.step + 1), met

@@ -7,7 +7,7 @@ import logging
 import jax
 
 from empo2_jax.model import configs as model_configs
-from empo2_jax.model import hf, llama
+from empo2_jax.model import hf, llama, lora
 
 
 log = logging.getLogger("empo2_jax")
@@ -112,13 +112,23 @@ def _check_numerics(c) -> None:
   ):
     if value not in model_configs.DTYPES:
       raise ConfigError(f"{key}={value!r}; valid: {', '.join(sorted(model_configs.DTYPES))}")
-  if c.model.param_dtype != "float32":
+  try:  # the LoRA keys (an unknown target names the valid ones)
+    lora.parse_targets(c.model.lora_targets)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if c.model.lora_rank < 0 or c.model.lora_alpha <= 0:
+    raise ConfigError(
+      f"model.lora_rank={c.model.lora_rank}, model.lora_alpha={c.model.lora_alpha}: need "
+      "lora_rank >= 0 (0: full fine-tuning) and lora_alpha > 0"
+    )
+  if c.model.param_dtype != "float32" and not c.model.lora_rank:
     raise ConfigError(
       f"model.param_dtype={c.model.param_dtype!r}: training keeps float32 master weights and "
       "AdamW moments. In bfloat16 storage an lr-1e-6 AdamW step is far below half an ulp of a "
       "typical weight (~1% of an ulp at |w| = 0.02) and rounds back to the old value, so the "
       "policy would not learn. Set --config.model.param_dtype=float32; "
-      "--config.model.compute_dtype=bfloat16 keeps the matmuls in bf16."
+      "--config.model.compute_dtype=bfloat16 keeps the matmuls in bf16 (with LoRA, "
+      "--config.model.lora_rank > 0, the frozen base may be bfloat16)."
     )
   need = c.optim.max_prompt_len + c.rollout.max_new_tokens
   if need > c.rollout.max_context:
@@ -156,20 +166,34 @@ def checkpoint_path(c) -> str:
     raise ConfigError(str(e)) from e
 
 
-def policy(c):
-  """(model config, params on device) from a checkpoint (HF dir, .gguf, embedded) or a seeded
-  random init."""
+def lora_overrides(c) -> dict:
+  """The LlamaConfig fields of config.model's LoRA keys."""
+  m = c.model
+  return dict(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets)
+
+
+def base_policy(c):
+  """(model config, base params as loaded) from a checkpoint (HF dir, .gguf, embedded) or a
+  seeded random init: the weights a run starts from, without LoRA adapters."""
   overrides = dict(
     compute_dtype=c.model.compute_dtype,
     remat=c.model.remat,
     attention_impl=c.model.attention_impl,
+    **lora_overrides(c),
   )
   if c.model.checkpoint:
-    config, params = hf.load_checkpoint(checkpoint_path(c), dtype=c.model.param_dtype, **overrides)
-  else:
-    config = model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype, **overrides)
-    params = llama.init_params(config, jax.random.PRNGKey(c.seed))
-  return config, jax.tree.map(jax.numpy.asarray, params)
+    return hf.load_checkpoint(checkpoint_path(c), dtype=c.model.param_dtype, **overrides)
+  config = model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype, **overrides)
+  return config, llama.init_params(config, jax.random.PRNGKey(c.seed))
+
+
+def policy(c):
+  """(model config, params on device): base_policy's, plus fresh LoRA adapters (keyed by the
+  seed) where model.lora_rank > 0."""
+  config, params = base_policy(c)
+  params = jax.tree.map(jax.numpy.asarray, params)
+  key = jax.random.fold_in(jax.random.PRNGKey(c.seed), 0x10FA)
+  return config, lora.with_adapters(params, config, key)
 
 
 def tokenizer(c):
@@ -317,6 +341,8 @@ def rollout_setup(c):
 __all__ = [
   "check_config",
   "checkpoint_path",
+  "base_policy",
+  "lora_overrides",
   "policy",
   "tokenizer",
   "mesh",

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from empo2_jax.model import llama
+from empo2_jax.model import llama, lora
 from empo2_jax.rl import loops
 from empo2_jax.rl import update_grads as ug
 from empo2_jax.rl import update_steps as steps
@@ -65,18 +65,22 @@ def make_batch(seed, rows=B, vocab=512):
   }
 
 
-@jax.jit
-def full_logp(params, tok, attn):
-  logits = llama.forward(params, MODEL, jnp.asarray(tok), jnp.asarray(attn))
+@functools.partial(jax.jit, static_argnums=3)
+def full_logp(params, tok, attn, model=MODEL):
+  logits = llama.forward(params, model, jnp.asarray(tok), jnp.asarray(attn))
   lp = jax.nn.log_softmax(logits[:, P - 1 : P + R - 1], -1)
   return jnp.take_along_axis(lp, jnp.asarray(tok)[:, P:, None], -1)[..., 0]
 
 
-def reference_update(params, batch, cfg, n_minibatches, opt):
+def reference_update(params, batch, cfg, n_minibatches, opt, model=MODEL, frozen=None):
   """Full-logits forward, whole-mini-batch gradient, optax step per mini-batch. Returns the
-  params, the old log-probs, the mask and each step's parameter change norm."""
+  params, the old log-probs, the mask and each step's parameter change norm. With `frozen` (a
+  LoRA base), `params` are the adapters and the model runs on both."""
   lc = cfg.loss
-  old = np.asarray(full_logp(params, batch["old_tokens"], batch["old_attn"]))
+  with_frozen = lora.join if frozen else (lambda p, _: p)
+  old = np.asarray(
+    full_logp(with_frozen(params, frozen), batch["old_tokens"], batch["old_attn"], model)
+  )
   mask = batch["response_mask"].copy()
   min_old = np.where(mask > 0, old, np.inf).min(1)
   mask[min_old < lc.low_prob_delta] = 0.0
@@ -88,7 +92,9 @@ def reference_update(params, batch, cfg, n_minibatches, opt):
     rows = np.array([b for b in range(len(mask)) if (b % n_chunks) // per_mb == k])
 
     def loss(p):
-      lp = full_logp(p, batch["cur_tokens"][rows], batch["cur_attn"][rows])
+      lp = full_logp(
+        with_frozen(p, frozen), batch["cur_tokens"][rows], batch["cur_attn"][rows], model
+      )
       m = jnp.asarray(mask[rows]) > 0
       a = jnp.asarray(batch["advantages"][rows])[:, None]
       r = jnp.exp(jnp.where(m, lp - old[rows], 0.0))
@@ -200,7 +206,7 @@ SHARDED_SCRIPT = textwrap.dedent("""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as PS
     from tests.rl.test_update import MODEL, make_batch
     MODEL = dataclasses.replace(MODEL, remat="__REMAT__")  # full: the fused layer gradients
-    from empo2_jax.model import llama
+    from empo2_jax.model import llama, lora
     from empo2_jax.rl.update import init_train_state, make_optimizer, make_update_fn
     from tests.helpers.rl_settings import loss_config, update_config
     assert jax.device_count() == 8, jax.devices()

@@ -144,6 +144,12 @@ def test_default_precision_and_minibatches():
     ("env.workers", -1, "one per CPU"),
     ("train.eval_batch", -1, "variations_per_iter x group_size"),
     ("optim.update_shapes", "largest", "valid: grow"),
+    (
+      "model.lora_targets",
+      "q_proj,qkv",
+      r"unknown \['qkv'\]; valid: all-linear or .*q_proj,k_proj",
+    ),
+    ("model.lora_rank", -4, "lora_rank >= 0"),
   ],
 )
 def test_config_checks_fail_at_once(field, value, match):
