@@ -47,6 +47,10 @@ def get_config(arg=None):
     lora_rank=0,
     lora_alpha=16.0,
     lora_targets="all-linear",
+    # The sampler's cached forward on the CPU backend in float32: "auto" runs a decode step's
+    # products and cache attention in C++ kernels built on first use (model/cpu_kernels.py;
+    # XLA's path where they do not build), "cpu" insists on them, "xla" never uses them.
+    decode_kernels="auto",
   )
   c.mesh = dict(data=1, fsdp=-1, tensor=1)
 

@@ -140,6 +140,32 @@ def sweeps() -> list[tuple[str, str, int]]:
   return out
 
 
+KERNELS_INTRO = """
+## The sampler's CPU kernels
+
+On the CPU backend in float32 the sampler's decode step (its products and cache attention) and a
+prefill chunk's cache attention run in C++ kernels (`empo2_jax/model/cpu_kernels.py`), built on
+first use. The config key and the environment variables that steer them:
+"""
+# (knob, default, what)
+KERNEL_KNOBS = (
+  (
+    "model.decode_kernels",
+    "auto",
+    "`auto`: the kernels where they build, XLA's path elsewhere (other backends, bfloat16, a "
+    "failed build); `cpu`: the kernels or a one-line error; `xla`: never the kernels",
+  ),
+  ("CXX", "g++", "the C++ compiler that builds them (x86-64 with AVX2 and FMA, `-march=native`)"),
+  (
+    "EMPO2_KERNEL_CACHE",
+    "~/.cache/empo2_jax/kernels",
+    "where the built library is kept, keyed by the sources, flags, compiler, jax version and "
+    "host CPU; a failed build leaves a `.failed` file there, so later processes do not compile "
+    "again (a new compiler is tried again; delete the file to retry)",
+  ),
+)
+
+
 def render() -> str:
   parts = [HEADER]
   head = "| variant | what | " + " | ".join(label for label, _ in FIELDS) + " |"
@@ -165,6 +191,8 @@ def render() -> str:
   parts += ["| sweep | runs | what |", "|---|---|---|"]
   for name, comment, n in sweeps():
     parts.append(f"| `{name}` | {n} | {comment} |")
+  parts += [KERNELS_INTRO, "| knob | default | what |", "|---|---|---|"]
+  parts += [f"| `{knob}` | `{default}` | {what} |" for knob, default, what in KERNEL_KNOBS]
   return "\n".join(parts) + "\n"
 
 

@@ -60,7 +60,7 @@ void AttendVec(const float* q, const float* kh, const float* vh, const int32_t* 
     float best = -INFINITY;
     for (int64_t s = 0; s < n; ++s) {
       if (mask[s] <= 0) sc[s] = -INFINITY;
-      best = std::max(best, sc[s]);
+      best = MaxKeepNaN(best, sc[s]);
     }
     float* o = out + h * hd;
     std::fill(o, o + hd, 0.f);
@@ -111,7 +111,7 @@ void AttendScalar(const float* q, const float* kh, const float* vh, const int32_
       float d = 0.f;
       for (int64_t i = 0; i < hd; ++i) d += q[h * hd + i] * kh[s * hd + i];
       sc[s] = d * scale;
-      best = std::max(best, sc[s]);
+      best = MaxKeepNaN(best, sc[s]);
     }
     float* o = out + h * hd;
     std::fill(o, o + hd, 0.f);
@@ -220,7 +220,7 @@ void AttendTile(const float* q, const int32_t* slot, int64_t nq, int64_t g, cons
     for (int64_t i = 0; i < nq; ++i) {
       float* si = sc + i * kChunk;
       float best = m[i];
-      for (int64_t s = 0; s < len; ++s) best = std::max(best, si[s]);
+      for (int64_t s = 0; s < len; ++s) best = MaxKeepNaN(best, si[s]);
       if (best == -INFINITY) {  // nothing seen yet: no weight on any value
         std::fill(si, si + kChunk, 0.f);
         continue;
@@ -251,7 +251,7 @@ void AttendTile(const float* q, const int32_t* slot, int64_t nq, int64_t g, cons
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* o = out + i * hd;
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  // l = 0: the query saw no slot, zeros
+    const float inv = l[i] == 0.f ? 0.f : 1.f / l[i];  // l = 0: the query saw no slot, zeros
     for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
   }
 }

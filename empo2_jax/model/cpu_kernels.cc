@@ -11,8 +11,8 @@
 // intra-op thread pool.
 //
 //   empo2_rows_matmul_nt  x [M, K] @ w [N, K]^T -> [M, N]: a transposed weight copy, or a tied
-//                         embedding as stored (the [K, N] layout as stored is read strided:
-//                         5-7 GB/s here, so the sampler keeps transposed copies instead)
+//                         embedding as stored (the [K, N] layout as stored would be read
+//                         strided, so the sampler keeps transposed copies instead)
 //   empo2_cached_attention  q [B, Kh, G, hd], k/v [L, B', Kh, S, hd] (the whole cache), layer []
 //                         (which of the L to read), rows [B] (the cache row of each batch row),
 //                         last [B] (the query's slot), mask [B, S] -> [B, Kh, G, hd]: softmax
@@ -22,8 +22,10 @@
 //                         rows [B], slots [B, T] (each query's slot), mask [B, S]: the same for
 //                         each of a prefill chunk's T queries. XLA's blocked attention writes and
 //                         rereads each [B, Kh, G, T, block] score block several times (scores,
-//                         mask, exp); here a tile of 8 tokens x G heads keeps its scores in L1.
-// All float32, accumulation in float32.
+//                         mask, exp); in the kernel a tile of 8 tokens x G heads keeps its
+//                         scores in L1.
+// All float32, accumulation in float32. A NaN in the inputs gives NaN where XLA's path gives it.
+// Tile sizes and the prefetch distance were chosen by timing (docs/records/benchmarks.md).
 
 #include "cpu_kernels.h"
 
@@ -31,8 +33,7 @@ namespace {
 
 using namespace empo2;
 
-// How far ahead (floats) a weight row's stream is prefetched: 512 (2 KiB, about one 576-wide row)
-// gave 28-30 ms against 30-32 without for SmolLM2-135M's decode products on 2 cores.
+// How far ahead (floats) a weight row's stream is prefetched: 512 (2 KiB, about one 576-wide row).
 constexpr int64_t kPrefetch = 512;
 
 // out[r0:r0+R, j] for weight row j of w [N, K]: R dot products of length K at once, the weight
@@ -58,8 +59,7 @@ inline void DotRows(const float* x, const float* w, float* out, int64_t k, int64
 }
 
 // out[:, n0:n1] = x @ w[n0:n1, :]^T, w [N, K]: each weight row is dotted with eight rows of x at
-// a time (then four, then one). Of the tiles tried on 2 cores (rows x weight rows: 8x1, 4x3, 2x4,
-// 8x2, 4x2) 8x1 was fastest: 30 ms for the 135M model's products against 37-41.
+// a time (then four, then one).
 void MatmulRowsNT(const float* x, const float* w, float* out, int64_t m, int64_t k, int64_t n,
                   int64_t n0, int64_t n1) {
   for (int64_t j = n0; j < n1; ++j) {

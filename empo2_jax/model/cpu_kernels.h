@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -17,10 +18,15 @@ namespace empo2 {
 
 namespace ffi = xla::ffi;
 
+// Pause-spins a waiting caller makes before it yields its core at each check (a busy machine:
+// env workers, a second job): about 0.1 ms on current x86 cores.
+constexpr int kSpinsBeforeYield = 2048;
+
 // Runs fn(begin, end) over [0, n) in `chunks` pieces on the pool and the calling thread; returns
 // when every piece is done. A piece is claimed by whoever gets to it first, so the call finishes
 // even if no pool thread ever starts (a task that starts late finds nothing left and returns
-// without touching fn's data).
+// without touching fn's data). The caller waits for the last pieces spinning a bounded while, then
+// yielding between checks.
 template <typename F>
 inline void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t chunks, F fn) {
   chunks = std::max<int64_t>(1, std::min(chunks, n));
@@ -40,7 +46,12 @@ inline void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t chunks, F fn) 
   int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work]() { work(); });
   work();
-  while (state->done.load(std::memory_order_acquire) != chunks) _mm_pause();
+  for (int spins = 0; state->done.load(std::memory_order_acquire) != chunks; ++spins) {
+    if (spins < kSpinsBeforeYield)
+      _mm_pause();
+    else
+      std::this_thread::yield();
+  }
 }
 
 inline float HorizontalSum(__m256 v) {
@@ -52,8 +63,10 @@ inline float HorizontalSum(__m256 v) {
 
 // exp(x) for eight floats: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-7 polynomial
 // (Cephes' expf coefficients; relative error ~1e-7 over float's range), times 2^n built in the
-// exponent bits. Inputs below -87.3 give 0 (and -inf, a masked slot, gives 0).
+// exponent bits. Inputs below -87.3 give 0 (and -inf, a masked slot, gives 0); NaN gives NaN.
 inline __m256 Exp8(__m256 x) {
+  const __m256 nan_mask = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 x_in = x;
   const __m256 lo = _mm256_set1_ps(-87.3f);
   const __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
   x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3f));
@@ -71,8 +84,12 @@ inline __m256 Exp8(__m256 x) {
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(zero_mask, y);
+  return _mm256_blendv_ps(_mm256_andnot_ps(zero_mask, y), x_in, nan_mask);
 }
+
+// The running maximum of a softmax: max(best, s), except that a NaN score makes it NaN for good
+// (std::max would skip it), so the softmax's weights come out NaN as in XLA's path.
+inline float MaxKeepNaN(float best, float s) { return std::isnan(s) ? s : std::max(best, s); }
 
 // [sum(a[0]), ..., sum(a[7])] as one vector.
 inline __m256 Sum8x8(const __m256* a) {

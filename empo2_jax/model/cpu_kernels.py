@@ -13,16 +13,22 @@ once, on XLA's intra-op threads. A prefill chunk's attention over the cache runs
 Build: the first call compiles the two sources into one library with the C++ compiler (`CXX`,
 default g++; x86-64 with AVX2 and FMA, `-march=native`) against jax's FFI headers into a cache
 folder (`EMPO2_KERNEL_CACHE`, default ~/.cache/empo2_jax/kernels), keyed by the sources, the
-header, the flags and the jax version, so later processes load the library without compiling.
-When the build fails, `available()` is False and `build_error()` says why; "auto" then keeps
-XLA's path.
+header, the flags, the compiler (its path and file), the jax version and the host CPU (its model
+and feature flags: a cache shared between hosts of different CPUs never loads a library built
+for another instruction set), so later processes on the same kind of host load it without
+compiling. When the build fails, `available()` is False, `build_error()` says why, the failure is
+remembered under the same key (a `.failed` file beside the libraries: later processes do not
+compile again) and reported once per process, in one line; "auto" then keeps XLA's path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
+import platform
+import shutil
 import subprocess
 import tempfile
 from functools import lru_cache
@@ -43,7 +49,14 @@ TARGETS = {  # FFI target name -> exported handler symbol
   "empo2_prefill_attention": "Empo2PrefillAttention",
 }
 PREFILL_HEAD_DIMS = (64, 128)  # the head sizes prefill_attention has a kernel for
+# /proc/cpuinfo fields that name the CPU an -march=native build targets (x86, then Arm)
+CPU_FIELDS = ("vendor_id", "model name", "flags", "CPU implementer", "CPU part", "Features")
 _ERROR: list[str] = []
+log = logging.getLogger("empo2_jax")
+
+
+class BuildFailed(RuntimeError):
+  """The compiler could not build the library (remembered for its key)."""
 
 
 def cache_dir() -> Path:
@@ -52,47 +65,100 @@ def cache_dir() -> Path:
   return Path(env) if env else Path.home() / ".cache" / "empo2_jax" / "kernels"
 
 
+def host_cpu() -> str:
+  """What an -march=native build depends on: the machine, and the CPU's model and feature flags
+  (the first processor's /proc/cpuinfo fields; the processor name where there is no such file)."""
+  lines = [platform.machine()]
+  try:
+    info = Path("/proc/cpuinfo").read_text(errors="replace")
+  except OSError:
+    return "\n".join(lines + [platform.processor()])
+  for field in CPU_FIELDS:
+    for line in info.splitlines():
+      name, _, value = line.partition(":")
+      if name.strip() == field:
+        lines.append(f"{field}: {' '.join(sorted(value.split()))}")
+        break
+  return "\n".join(lines)
+
+
+def _compiler(cxx: str) -> str:
+  """The compiler `cxx` as found on PATH, with its file's size and time (a new compiler is a new
+  key); "missing" when there is none."""
+  found = shutil.which(cxx)
+  if found is None:
+    return f"{cxx}: missing"
+  st = os.stat(os.path.realpath(found))
+  return f"{os.path.realpath(found)} {st.st_size} {st.st_mtime_ns}"
+
+
 def _library_path(cxx: str) -> Path:
   key = hashlib.sha256()
   for path in SOURCES + HEADERS:
     key.update(path.read_bytes())
-  for part in (" ".join((cxx,) + FLAGS).encode(), jax.__version__.encode()):
-    key.update(part)
+  parts = (" ".join((cxx,) + FLAGS), _compiler(cxx), jax.__version__, host_cpu())
+  for part in parts:
+    key.update(part.encode() + b"\0")
   return cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+  fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=path.parent)
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
 
 
 def _build(cxx: str) -> Path:
   """The library's path, compiling it first if the cache lacks it (written to a temporary name
-  and renamed, so processes building at once never load a half-written file)."""
+  and renamed, so processes building at once never load a half-written file). BuildFailed when
+  the compiler fails, or failed before for the same key (its `.failed` file)."""
   path = _library_path(cxx)
   if path.exists():
     return path
+  failed = path.with_suffix(".failed")
+  if failed.exists():
+    raise BuildFailed(f"{failed.read_text().strip()} (remembered in {failed}: delete it to retry)")
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
   os.close(fd)
   cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", tmp]
   try:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-      errors = [ln for ln in done.stderr.splitlines() if "error" in ln] or [done.stderr.strip()]
-      raise RuntimeError(f"{' '.join(cmd)} failed: {' | '.join(errors)[:2000]}")
-    os.replace(tmp, path)
+    try:
+      done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except FileNotFoundError:
+      why = f"no C++ compiler {cxx!r}"
+    else:
+      errors = [ln.strip() for ln in done.stderr.splitlines() if "error" in ln]
+      detail = " | ".join(errors or [done.stderr.strip()])[:500]
+      why = f"{cxx} exited with status {done.returncode}" + (f": {detail}" if detail else "")
+      if done.returncode == 0:
+        os.replace(tmp, path)
+        return path
+    _write_atomic(failed, why)
+    raise BuildFailed(why)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-  return path
 
 
 @lru_cache(maxsize=None)
 def available() -> bool:
   """True once the library is built, loaded and its targets registered with XLA (CPU platform);
-  False if that failed (build_error() says why). Tried once per process."""
+  False if that failed (build_error() says why; logged once, as one line). Tried once per
+  process."""
   try:
     lib = ctypes.cdll.LoadLibrary(str(_build(os.environ.get("CXX", "g++"))))
     for name, symbol in TARGETS.items():
       jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
   except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
-    _ERROR[:] = [f"{type(e).__name__}: {e}"]
+    _ERROR[:] = [" ".join(f"{type(e).__name__}: {e}".split())]  # one line
+    log.warning(
+      "the CPU decode kernels are unavailable, the sampler runs XLA's path: %s. To use them, "
+      "install g++ (x86-64 with AVX2 and FMA; a new compiler is tried again); to skip them, set "
+      "model.decode_kernels=xla",
+      _ERROR[0],
+    )
     return False
   return True
 
@@ -118,7 +184,10 @@ def use_kernels(mode: str, dtype, backend: Optional[str] = None) -> bool:
       f"{backend}: use decode_kernels='auto' or 'xla'"
     )
   if not available():
-    raise RuntimeError(f"decode_kernels='cpu': the kernels did not build: {build_error()}")
+    raise RuntimeError(
+      f"decode_kernels='cpu': the CPU kernels did not build ({build_error()}); install g++ "
+      "(x86-64 with AVX2 and FMA) or set model.decode_kernels=auto or xla"
+    )
   return True
 
 

@@ -147,7 +147,8 @@ def attend_cached(q, k_all, v_all, layer, rows, q_slot, mask, dtype, block: int)
     jnp.zeros((b, kv_heads, g, t, hd), jnp.float32),
   )
   _, m, norm, acc = jax.lax.while_loop(lambda c: c[0] < n_blocks, body, init)
-  out = jnp.where((m > NEG_INF / 2)[..., None], acc / norm[..., None], 0.0)
+  # zeros where no slot was seen; a NaN score (a diverged model) makes m NaN and stays NaN
+  out = jnp.where((m <= NEG_INF / 2)[..., None], 0.0, acc / norm[..., None])
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * hd).astype(dtype)
 
 

@@ -180,6 +180,7 @@ def base_policy(c):
     remat=c.model.remat,
     attention_impl=c.model.attention_impl,
     **lora_overrides(c),
+    decode_kernels=c.model.decode_kernels,
   )
   if c.model.checkpoint:
     return hf.load_checkpoint(checkpoint_path(c), dtype=c.model.param_dtype, **overrides)

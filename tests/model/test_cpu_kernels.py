@@ -1,5 +1,11 @@
 """The CPU kernels (model/cpu_kernels.cc, cpu_attention.cc) against numpy float64, and the cached
-forward with them against the same forward on XLA's products."""
+forward with them against the same forward on XLA's products; where the build fails, the
+fallback to XLA's path (always run: it forces a failing build in a fresh process)."""
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +16,8 @@ import jax.numpy as jnp
 from empo2_jax.model import cpu_kernels, kv_cache, llama
 from empo2_jax.model.configs import LlamaConfig
 
-pytestmark = pytest.mark.skipif(
+HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
+needs_kernels = pytest.mark.skipif(
   jax.default_backend() != "cpu" or not cpu_kernels.available(),
   reason=f"CPU decode kernels unavailable: {cpu_kernels.build_error()}",
 )
@@ -30,6 +37,7 @@ def reference_attention(q, k_all, v_all, layer, rows, last, mask):
   return out
 
 
+@needs_kernels
 @pytest.mark.parametrize("m", [1, 3, 8, 13])
 @pytest.mark.parametrize("k,n", [(64, 200), (72, 37), (20, 5)])
 def test_rows_matmul_matches_numpy(m, k, n):
@@ -52,6 +60,7 @@ def test_products_checks_the_joint_copy():
     cpu_kernels.products(x, [np.ones((8, 3), np.float32)], np.ones((4, 8), np.float32))
 
 
+@needs_kernels
 @pytest.mark.parametrize("hd", [64, 128, 12])  # vector paths (8 or 16 vectors), scalar path
 def test_cached_attention_matches_numpy(hd):
   rng = np.random.default_rng(hd)
@@ -70,6 +79,7 @@ def test_cached_attention_matches_numpy(hd):
   assert not np.asarray(got)[2].any()
 
 
+@needs_kernels
 def test_use_kernels_modes():
   assert not cpu_kernels.use_kernels("xla", jnp.float32)
   assert cpu_kernels.use_kernels("auto", jnp.float32)
@@ -89,6 +99,7 @@ def test_use_kernels_modes():
     )
 
 
+@needs_kernels
 @pytest.mark.parametrize("tied", [True, False])
 def test_decode_step_with_kernels_matches_xla(tied):
   """One cached decode step (after a prefill) with the kernels and transposed weights gives
@@ -139,6 +150,7 @@ def test_decode_step_with_kernels_matches_xla(tied):
   assert "empo2_cached_attention" in text and "empo2_rows_matmul_nt" in text
 
 
+@needs_kernels
 @pytest.mark.parametrize("hd", [64, 128])
 def test_prefill_attention_matches_numpy(hd):
   """Queries of several tokens a row (tiles of 8 tokens, one cut short), each seeing its own
@@ -165,6 +177,7 @@ def test_prefill_attention_matches_numpy(hd):
   assert not got[2, :3].any() and not got[1, 0].any()
 
 
+@needs_kernels
 def test_prefill_with_kernels_matches_xla():
   """A cached prefill in two chunks (the second attends over the first's slots) with the kernels
   gives XLA's logits and cache."""
@@ -211,6 +224,7 @@ def test_prefill_with_kernels_matches_xla():
   assert "empo2_prefill_attention" in text
 
 
+@needs_kernels
 def test_attention_kernels_name_a_bad_argument():
   cache = np.zeros((2, 3, 1, 16, 64), np.float32)  # [L, B', Kh, S, hd]
   mask = np.ones((2, 16), np.int32)
@@ -224,3 +238,101 @@ def test_attention_kernels_name_a_bad_argument():
     jax.block_until_ready(
       cpu_kernels.prefill_attention(q, cache, cache, 2, rows[:1].repeat(2), slots, mask)
     )
+
+
+@needs_kernels
+@pytest.mark.parametrize("hd", [8, 64])  # the scalar and vector attention; 64 also prefill's kernel
+def test_a_nan_weight_gives_nan_where_xla_does(hd):
+  """A NaN in one key weight of the last layer: every score of that KV head is NaN, so XLA's
+  softmax, and the logits after it, are NaN; the kernels (prefill and decode step) give NaN at
+  the same places instead of hiding it."""
+  base = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=hd,
+    cache_block=16,
+  )
+  cfg_x, cfg_k = (LlamaConfig(**base, decode_kernels=m) for m in ("xla", "cpu"))
+  params = llama.init_params(cfg_x, jax.random.key(5), std=0.2)
+  params["layers"]["wk"] = params["layers"]["wk"].at[1, 3, 0].set(jnp.nan)
+  rng = np.random.default_rng(6)
+  b, t = 2, 9
+  tokens = jnp.asarray(rng.integers(0, 97, (b, t)), jnp.int32)
+  mask = jnp.asarray(np.arange(t)[None] >= np.array([[0], [4]]), jnp.int32)  # row 1 left-padded
+  nxt = jnp.asarray(rng.integers(0, 97, (b, 1)), jnp.int32)
+
+  def run(p, cfg):
+    cache = kv_cache.init_cache(cfg, b, 32, jnp.float32)
+    pos = llama.positions_from_mask(mask)
+    first, cache = llama.forward(
+      p, cfg, tokens, mask, positions=pos, cache=cache, cache_index=jnp.zeros(b, jnp.int32)
+    )
+    step, _ = llama.forward(
+      p,
+      cfg,
+      nxt,
+      jnp.ones((b, 1), jnp.int32),
+      positions=pos[:, -1:] + 1,
+      cache=cache,
+      cache_index=jnp.full(b, t, jnp.int32),
+    )
+    return first, step
+
+  want = [np.asarray(a) for a in jax.jit(run, static_argnums=1)(params, cfg_x)]
+  prepared = llama.with_transposed(llama.split_layers(params), cfg_k)
+  got = [np.asarray(a) for a in jax.jit(run, static_argnums=1)(prepared, cfg_k)]
+  real = np.asarray(mask, bool)
+  assert np.isnan(want[1]).all() and np.isnan(want[0][real]).all()
+  np.testing.assert_array_equal(np.isnan(got[0][real]), np.isnan(want[0][real]))
+  np.testing.assert_array_equal(np.isnan(got[1]), np.isnan(want[1]))
+
+
+def _fallback_run(tmp_path, *args) -> dict:
+  """tests/helpers/kernel_fallback_worker.py in a fresh process whose compiler always fails (a
+  script that logs each call and exits 1) and whose kernel cache is tmp_path/cache."""
+  cxx = tmp_path / "failing_cxx"
+  if not cxx.exists():  # the same compiler file each run (a changed one is tried again)
+    cxx.write_text(f"#!/bin/sh\necho called >> {tmp_path / 'calls.log'}\nexit 1\n")
+    cxx.chmod(0o755)
+  env = dict(os.environ, CXX=str(cxx), EMPO2_KERNEL_CACHE=str(tmp_path / "cache"))
+  env["JAX_PLATFORMS"] = "cpu"
+  done = subprocess.run(
+    [sys.executable, os.path.join(HELPERS, "kernel_fallback_worker.py"), *args],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = json.loads(done.stdout.strip().splitlines()[-1])
+  out["warnings"] = [ln for ln in done.stderr.splitlines() if "decode kernels" in ln]
+  return out
+
+
+def test_a_failed_build_falls_back_to_xla_and_is_remembered(tmp_path):
+  """Where the build fails (no compiler, no AVX2): "auto" samples XLA's tokens, "cpu" is a
+  one-line error that says what to do, the failure is reported once in one line, and the next
+  process does not compile again."""
+  first = _fallback_run(tmp_path, "--sample")
+  assert first["available"] is False and "exited with status 1" in first["build_error"]
+  assert first["auto_tokens"] == first["xla_tokens"] and first["auto_tokens"]
+  assert "\n" not in first["cpu_error"] and "model.decode_kernels" in first["cpu_error"]
+  assert len(first["warnings"]) == 1 and "install g++" in first["warnings"][0]
+  assert list((tmp_path / "cache").glob("*.failed")) and not list((tmp_path / "cache").glob("*.so"))
+  second = _fallback_run(tmp_path)
+  assert second["available"] is False and "remembered" in second["build_error"]
+  assert (tmp_path / "calls.log").read_text().count("called") == 1  # compiled once, not twice
+
+
+def test_the_cache_key_names_the_host_cpu(monkeypatch, tmp_path):
+  """A library built on one CPU is never loaded on another: the key covers the CPU's model and
+  flags."""
+  monkeypatch.setenv("EMPO2_KERNEL_CACHE", str(tmp_path))
+  here = cpu_kernels._library_path("g++")
+  monkeypatch.setattr(cpu_kernels, "host_cpu", lambda: "x86_64\nflags: avx sse")
+  other = cpu_kernels._library_path("g++")
+  assert here.parent == other.parent == tmp_path and here != other
