@@ -245,7 +245,7 @@ class RND:
   predictor. `state` is the pytree the trainer checkpoints.
 
       rnd = RND(RNDConfig(...), encoder)
-      rewards = rnd.rewards(texts, episode_ids, steps)   # [N], already times cfg.scale
+      rewards, stats = rnd.rewards(texts, episode_ids, steps)   # [N], already times cfg.scale
   """
 
   def __init__(self, cfg: RNDConfig, encoder):
@@ -254,18 +254,18 @@ class RND:
     self.cfg, self.encoder = cfg, encoder
     self.state = init_state(cfg)
     self._step = make_step(cfg)
-    self.last_stats: dict = {}
 
   def embed(self, texts: Sequence[str]) -> np.ndarray:
     return self.encoder.encode(list(texts))
 
-  def rewards_from_embeddings(self, x, episode_ids, steps) -> np.ndarray:
-    """Rewards for embeddings x [N, D]; updates the statistics and takes one predictor step."""
+  def rewards_from_embeddings(self, x, episode_ids, steps) -> tuple[np.ndarray, dict]:
+    """(rewards [N] float32, stats) for embeddings x [N, D]; updates the statistics and takes one
+    predictor step. stats: rnd/error_mean, rnd/error_max, rnd/predictor_loss, rnd/reward_mean
+    ({} when N = 0)."""
     x = np.asarray(x, np.float32)
     n = x.shape[0]
     if n == 0:
-      self.last_stats = {}
-      return np.zeros(0, np.float32)
+      return np.zeros(0, np.float32), {}
     state = self.state._replace(obs=update_stats(self.state.obs, x))  # update before use
     rows = -(-n // self.cfg.row_bucket) * self.cfg.row_bucket
     xp = np.zeros((rows, x.shape[1]), np.float32)
@@ -276,15 +276,16 @@ class RND:
     raw = np.asarray(err, np.float64)[:n]
     r, state = normalise_rewards(state, raw, episode_ids, steps, self.cfg)
     self.state = state._replace(updates=np.asarray(state.updates + 1, np.int32))
-    self.last_stats = {
+    stats = {
       "rnd/error_mean": float(raw.mean()),
       "rnd/error_max": float(raw.max()),
       "rnd/predictor_loss": float(loss),
       "rnd/reward_mean": float(self.cfg.scale * r.mean()),
     }
-    return (self.cfg.scale * r).astype(np.float32)
+    return (self.cfg.scale * r).astype(np.float32), stats
 
-  def rewards(self, texts: Sequence[str], episode_ids, steps) -> np.ndarray:
+  def rewards(self, texts: Sequence[str], episode_ids, steps) -> tuple[np.ndarray, dict]:
+    """rewards_from_embeddings of the texts' embeddings."""
     return self.rewards_from_embeddings(self.embed(texts), episode_ids, steps)
 
 
@@ -321,13 +322,13 @@ class RNDPlugin(Plugin):
 
   def after_rollout(self, ctx, episodes, iteration, mode, key):
     turns = [t for e in episodes if not e.env_failed for t in e.turns]
-    r = self.rnd.rewards(
+    r, stats = self.rnd.rewards(
       [t.obs_key or " " for t in turns], [t.rollout_id for t in turns], [t.step for t in turns]
     )
     give = self.c.rnd.rollouts == "all" or mode != "on"
     for t, x in zip(turns, r):
       t.intrinsic = float(x) if give else 0.0
-    return episodes, dict(self.rnd.last_stats, **{"rnd/rewarded": int(give and len(turns) > 0)})
+    return episodes, dict(stats, **{"rnd/rewarded": int(give and len(turns) > 0)})
 
   def state_tree(self):
     return self.rnd.state._asdict()

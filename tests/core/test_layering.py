@@ -316,7 +316,7 @@ def test_no_import_runs_sideways_or_back_up():
 
 
 def test_the_floor_check_fails_on_arrows_back_up_and_sideways():
-  """The arrows issue 42 removed (envs -> agent, memory -> envs, parallel -> rl) are caught, and
+  """Arrows that once ran back up (envs -> agent, memory -> envs, parallel -> rl) are caught, and
   so is a sideways import between units of one floor; downward and in-unit imports are not."""
   graph = {
     "empo2_jax.envs.scienceworld.suite": ["empo2_jax.agent.prompts", "empo2_jax.tips"],
@@ -330,3 +330,19 @@ def test_the_floor_check_fails_on_arrows_back_up_and_sideways():
     ("empo2_jax.parallel.train_lm", "empo2_jax.rl.update"),
     ("empo2_jax.rl.batch", "empo2_jax.sampling.session"),
   ]
+
+
+def test_no_hand_off_through_self_last_attributes():
+  """What one call makes is returned, not left in a `self.last_*` attribute for the caller to read
+  afterwards (a hidden hand-off between methods)."""
+  found = [
+    f"{path.relative_to(ROOT)}:{node.lineno} self.{node.attr}"
+    for path, tree in SOURCES.values()
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Attribute)
+    and isinstance(node.ctx, ast.Store)
+    and isinstance(node.value, ast.Name)
+    and node.value.id == "self"
+    and node.attr.startswith("last_")
+  ]
+  assert not found, "state handed off through self.last_*:\n" + "\n".join(found)

@@ -63,11 +63,17 @@ def test_reward_equals_numpy_reference():
   model = rnd.RND(cfg, encoder=None)
   x = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
   s0 = model.state
-  got = model.rewards_from_embeddings(x, ["e"] * 5, range(5))
+  got, stats = model.rewards_from_embeddings(x, ["e"] * 5, range(5))
   mean, var = x.mean(0), x.var(0)  # the batch is its own warm-up: stats = this batch
   xn = np.clip((x - mean) / np.sqrt(var + 1e-8), -5, 5)
   want = np.mean((_np_mlp(s0.predictor, xn) - _np_mlp(s0.target, xn)) ** 2, axis=-1)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  # the statistics come back with the rewards (nothing is left on the object)
+  assert stats["rnd/error_mean"] == pytest.approx(want.mean(), rel=1e-4)
+  assert stats["rnd/error_max"] == pytest.approx(want.max(), rel=1e-4)
+  assert stats["rnd/reward_mean"] == pytest.approx(want.mean(), rel=1e-4)
+  assert model.rewards_from_embeddings(x[:0], [], [])[1] == {}
+  assert not [k for k in vars(model) if k.startswith("last_")]
   # the target is frozen; the predictor moved
   for a, b in zip(jax.tree.leaves(s0.target), jax.tree.leaves(model.state.target)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -85,12 +91,12 @@ def test_minmax_and_std_normalisers_vs_numpy():
   raw = rnd.RND(
     rnd.RNDConfig(scale=1.0, seed=0, input_dim=8, hidden=16, out=4, normalise="none"), None
   )
-  want_raw = raw.rewards_from_embeddings(x, ep, steps).astype(np.float64)
+  want_raw = raw.rewards_from_embeddings(x, ep, steps)[0].astype(np.float64)
 
   mm = rnd.RND(
     rnd.RNDConfig(scale=2.0, seed=0, input_dim=8, hidden=16, out=4, normalise="minmax"), None
   )
-  got = mm.rewards_from_embeddings(x, ep, steps)
+  got = mm.rewards_from_embeddings(x, ep, steps)[0]
   lo, hi = want_raw.min(), want_raw.max()
   np.testing.assert_allclose(got, 2.0 * (want_raw - lo) / (hi - lo), rtol=1e-4, atol=1e-6)
 
@@ -98,7 +104,7 @@ def test_minmax_and_std_normalisers_vs_numpy():
     rnd.RNDConfig(scale=1.0, seed=0, input_dim=8, hidden=16, out=4, normalise="std", gamma=0.9),
     None,
   )
-  got = sd.rewards_from_embeddings(x, ep, steps)
+  got = sd.rewards_from_embeddings(x, ep, steps)[0]
   ret = []
   for e in ("a", "b"):
     run = 0.0
@@ -114,13 +120,13 @@ def test_predictor_training_lowers_error_on_repeated_states():
   model = rnd.RND(cfg, None)
   rng = np.random.default_rng(4)
   seen = rng.normal(size=(8, 16)).astype(np.float32)
-  first = model.rewards_from_embeddings(seen, list(range(8)), [0] * 8).mean()
+  first = model.rewards_from_embeddings(seen, list(range(8)), [0] * 8)[0].mean()
   for _ in range(60):
-    last = model.rewards_from_embeddings(seen, list(range(8)), [0] * 8).mean()
+    last = model.rewards_from_embeddings(seen, list(range(8)), [0] * 8)[0].mean()
   assert last < 0.2 * first
   # a state never trained on keeps a large error: novelty is rewarded
   novel = rng.normal(size=(8, 16)).astype(np.float32) * 3
-  both = model.rewards_from_embeddings(np.concatenate([seen, novel]), list(range(16)), [0] * 16)
+  both, _ = model.rewards_from_embeddings(np.concatenate([seen, novel]), list(range(16)), [0] * 16)
   assert both[8:].mean() > 3 * both[:8].mean()
 
 
@@ -138,5 +144,5 @@ def test_rewards_with_the_minilm_encoder():
   model = rnd.RND(rnd.RNDConfig(scale=1.0, seed=0, normalise="none"), enc)
   assert model.cfg.input_dim == enc.dim
   texts = ["You are at (0, 0).", "You are at (0, 0).", "A hole is below you."]
-  r = model.rewards(texts, [0, 1, 2], [0, 0, 0])
+  r, _ = model.rewards(texts, [0, 1, 2], [0, 0, 0])
   assert r.shape == (3,) and r[0] == pytest.approx(r[1]) and r[0] != pytest.approx(r[2])
