@@ -92,6 +92,19 @@ def main(argv=None) -> int:
   p.add_argument("--loss_chunk", type=int, default=512, help="tokens per vocab-projection chunk")
   p.add_argument("--hbm_gib", type=float, default=None, help="override the chip's HBM (what-if)")
   p.add_argument(
+    "--lora_rank",
+    type=int,
+    default=c.model.lora_rank,
+    help="LoRA adapters of this rank, the base frozen (model/lora.py; --param_dtype=bfloat16 is "
+    f"then allowed); default {c.model.lora_rank}: full fine-tuning (configs/base.py)",
+  )
+  p.add_argument("--lora_alpha", type=float, default=c.model.lora_alpha, help="LoRA's alpha")
+  p.add_argument(
+    "--lora_targets",
+    default=c.model.lora_targets,
+    help=f"peft module names or all-linear; default {c.model.lora_targets} (configs/base.py)",
+  )
+  p.add_argument(
     "--fuse_layer_grads",
     default="auto",
     choices=("auto", "on", "off"),
@@ -124,6 +137,9 @@ def main(argv=None) -> int:
     cost_probe=not a.no_cost_probe,
     attention_impl=a.attention_impl,
     fuse_layer_grads={"auto": None, "on": True, "off": False}[a.fuse_layer_grads],
+    lora_rank=a.lora_rank,
+    lora_alpha=a.lora_alpha,
+    lora_targets=a.lora_targets,
   )
   try:
     report = aot.compile_program(req)

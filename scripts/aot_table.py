@@ -49,6 +49,27 @@ ROWS = (
   ("72B", f"{LM} --no_cost_probe --preset=72b --topology=v5p:2x2x1 --microbatches=32"),
 )
 
+# The slices researchers mostly have, at the default config's update (`train_step`, 128 samples of
+# 4532 tokens, 16 micro-batches): full fine-tuning (fp32 params and AdamW moments) and LoRA of
+# rank 16 and 64 on all-linear (bf16 frozen base, fp32 adapters and their moments). v4:2x2x1 is
+# compiled as a v4-8 VM presents it: 4 megacore devices of 32 GiB (programs/aot.CHIP_CONFIG).
+SLICES = ("v4:2x2x1", "v5e:2x4", "v6e:2x4", "v5p:2x2x1")
+SLICE_PRESETS = (("0.5B", "0.5b"), ("1.5B", "1.5b"), ("7B", "7b"), ("14B", "14b"))
+TRAINING = (
+  ("full", ""),
+  ("LoRA r16", " --lora_rank=16 --param_dtype=bfloat16"),
+  ("LoRA r64", " --lora_rank=64 --param_dtype=bfloat16"),
+)
+ROWS += tuple(
+  (
+    f"{label}, `train_step`, {what}",
+    f"{TS} --no_cost_probe --preset={preset} --topology={t}{extra}",
+  )
+  for label, preset in SLICE_PRESETS
+  for t in SLICES
+  for what, extra in TRAINING
+)
+
 HEAD = (
   "| preset | topology (chips) | micro-batches | per-chip GiB | HBM GiB | fits | est. step s | "
   "est. MFU |\n|---|---|---|---|---|---|---|---|"

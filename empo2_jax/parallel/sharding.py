@@ -32,6 +32,12 @@ LLAMA_RULES: Rules = (
   (r"layers/w_(gate|up)", P(None, "fsdp", "tensor")),  # [L, D, F]
   (r"layers/w_down", P(None, "tensor", "fsdp")),  # [L, F, D]
   (r"\w*norm", P()),  # [L, D] / [D]: small, replicated
+  # LoRA adapters (model/lora.py): A [L, in, r] split as its weight's input dim, B [L, r, out] as
+  # its output dim; the rank is never split
+  (r"layers/(w[qkv]|w_gate|w_up)_lora_a", P(None, "fsdp", None)),
+  (r"layers/(w[qkv]|w_gate|w_up)_lora_b", P(None, None, "tensor")),
+  (r"layers/(wo|w_down)_lora_a", P(None, "tensor", None)),
+  (r"layers/(wo|w_down)_lora_b", P(None, None, "fsdp")),
 )
 
 # Batch leading dim over every axis that splits data; the rest replicated.

@@ -53,6 +53,11 @@ GIB = 1024**3
 # Per chip, from Google Cloud's TPU system-architecture pages.
 HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
 PEAK_BF16_TFLOPS = {"v4": 275, "v5e": 197, "v5p": 459, "v6e": 918}
+# How a TPU VM presents the chips of a generation whose chips have two TensorCores: v4 and v5p VMs
+# run them as megacore devices (one JAX device a chip, both cores, the chip's whole HBM). libtpu
+# describes v5p that way by default but v4 as one device a core; asked for "megacore", it
+# describes the v4 slice a user gets (v4:2x2x1, a v4-8: 4 devices of 32 GiB).
+CHIP_CONFIG = {"v4": "megacore"}
 TOPOLOGY_EXAMPLES = (
   "v4:2x2x1",
   "v4:2x2x2",
@@ -93,6 +98,10 @@ class AotRequest:
   attention_impl: str = "flash"  # model.attention_impl (launch/aot.py passes the config's)
   # train_step: rl/update.make_update_fn's fuse_layer_grads (None: wherever the model allows it)
   fuse_layer_grads: bool | None = None
+  # LoRA (model/lora.py; launch/aot.py passes the config's model.lora_*): 0 = full fine-tuning
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: str = "all-linear"
 
 
 class Program(NamedTuple):
@@ -194,7 +203,8 @@ def topology_devices(name: str) -> list:
       f"of {sorted(HBM_GIB)}, e.g. {', '.join(TOPOLOGY_EXAMPLES)}"
     )
   try:
-    return list(topologies.get_topology_desc(name, "tpu").devices)
+    kw = {"chip_config_name": CHIP_CONFIG[gen]} if gen in CHIP_CONFIG else {}
+    return list(topologies.get_topology_desc(name, "tpu", **kw).devices)
   except Exception as e:  # libtpu's message, e.g. a layout its host bounds cannot split
     raise ValueError(
       f"libtpu could not build topology {name!r} ({e}); valid examples: "
@@ -288,6 +298,9 @@ def compile_program(req: AotRequest) -> dict:
     param_dtype=req.param_dtype,
     compute_dtype=req.compute_dtype,
     attention_impl=req.attention_impl,
+    lora_rank=req.lora_rank,
+    lora_alpha=req.lora_alpha,
+    lora_targets=req.lora_targets,
   )
   mesh = make_mesh(req.mesh, devices)
   prog = PROGRAMS[req.program](config, mesh, req)
@@ -382,6 +395,8 @@ def format_report(r: dict, req: AotRequest) -> str:
     f"{r['topology']}: {r['chips']} chips, {r['devices']} devices, mesh {r['mesh']}\n"
     f"compiler: libtpu {r['libtpu']} with jax {r['jax']}"
   )
+  if req.lora_rank:
+    head += f"\nLoRA rank {req.lora_rank} on {req.lora_targets}: the base frozen, adapters trained"
   if "oom" in r:
     return "\n".join(
       [

@@ -30,13 +30,14 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from empo2_jax.model import llama
+from empo2_jax.model import llama, lora
 from empo2_jax.model.configs import LlamaConfig
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.rl.logprobs import token_logprobs
 
 # The same train state and optimizer (global-norm clip + AdamW) as the EMPO2 update.
 from empo2_jax.rl.update import TrainState as LMTrainState
+from empo2_jax.rl.update import init_train_state
 from empo2_jax.rl.update import make_optimizer  # noqa: F401  (takes LMTrainConfig too)
 
 
@@ -127,10 +128,9 @@ def _micro_batches(x, rows: int, spread: int):
 
 def abstract_train_state(config: LlamaConfig, optimizer) -> LMTrainState:
   """ShapeDtypeStructs of the whole train state (no allocation)."""
-  params = jax.eval_shape(lambda: llama.init_params(config, jax.random.key(0)))
-  return jax.eval_shape(
-    lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)), params
-  )
+  key = jax.random.key(0)
+  params = jax.eval_shape(lambda: lora.with_adapters(llama.init_params(config, key), config, key))
+  return jax.eval_shape(lambda p: init_train_state(p, optimizer), params)
 
 
 def train_state_shardings(
@@ -145,14 +145,9 @@ def train_state_from_params(
   """Shard host params by the rules and build the optimizer state already sharded."""
   params = shd.shard_tree(params, mesh, rules)
   state_sh = shd.tree_shardings(
-    jax.eval_shape(lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)), params),
-    mesh,
-    rules,
+    jax.eval_shape(lambda p: init_train_state(p, optimizer), params), mesh, rules
   )
-  init = jax.jit(
-    lambda p: LMTrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32)), out_shardings=state_sh
-  )
-  return init(params)
+  return jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_sh)(params)
 
 
 def make_lm_train_step(
@@ -195,23 +190,26 @@ def make_lm_train_step(
       )
     n_tok = jnp.maximum(jnp.sum(score[:, 1:]).astype(jnp.float32), 1.0)
 
+    train, frozen = lora.trainable(state.params)  # LoRA: the adapters; else every weight
+
     def micro(grads, d):
-      def loss_fn(p):
+      def loss_fn(t):
         nll, _ = next_token_nll(
-          p, config, d["tokens"], d["attn"], d["score"], cfg.vocab_chunk, cfg.token_chunk
-        )
+          lora.join(t, frozen), config, d["tokens"], d["attn"], d["score"], cfg.vocab_chunk,
+          cfg.token_chunk,
+        )  # fmt: skip
         return nll / n_tok
 
-      loss, g = jax.value_and_grad(loss_fn)(state.params)
+      loss, g = jax.value_and_grad(loss_fn)(train)
       if state_sh is not None:
-        g = jax.lax.with_sharding_constraint(g, state_sh.params)
+        g = jax.lax.with_sharding_constraint(g, lora.trainable(state_sh.params)[0])
       return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), grads, g), loss
 
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train)
     grads, losses = jax.lax.scan(micro, zeros, chunks)
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)  # fp32: a no-op
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, train)  # fp32: a no-op
+    updates, opt_state = optimizer.update(grads, state.opt_state, train)
+    params = lora.join(optax.apply_updates(train, updates), frozen)
     metrics = {"loss": jnp.sum(losses), "grad_norm": optax.global_norm(grads), "tokens": n_tok}
     return LMTrainState(params, opt_state, state.step + 1), metrics
 

@@ -12,8 +12,10 @@ settings' minibatch_size (the config's: 128, docs/method.md §1 item 5), or one 
 batch is smaller; microbatches is the gradient-accumulation steps of one mini-batch (launch/aot.py's
 default: optim.minibatch_size // optim.micro_rows = 16). Params (fp32 masters unless the request
 says otherwise: the update refuses other storage) and AdamW state are sharded by the LLAMA_RULES,
-rows over (data, fsdp). Memory hardly depends on the number of mini-batches (their rows are data,
-processed one at a time).
+rows over (data, fsdp). With LoRA (request lora_rank > 0) the state is the frozen base in the
+request's param_dtype (bf16 allowed) plus fp32 adapters, and AdamW state for the adapters only.
+Memory hardly depends on the number of mini-batches (their rows are data, processed one at a
+time).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import llama
+from empo2_jax.model import llama, lora
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.programs.aot import (
   Program,
@@ -58,12 +60,18 @@ def abstract_batch(mesh, rows: int, length: int, response_len: int = RESPONSE_LE
   }
 
 
+def update_forwards(config) -> int:
+  """Forward-equivalents of matmul work a trained token costs: old log-probs (1) + forward (1) +
+  backward (2: input and weight gradients), or with LoRA 3 (the frozen base's weight gradients
+  are never formed; the adapters' products are <1% at rank 64 and not counted)."""
+  return 3 if config.lora_rank else 4
+
+
 def update_flops(config, rows: int, length: int, response_len: int) -> float:
-  """Old log-probs (1 forward) + forward/backward (3 forwards); the vocabulary projection only
-  for the response positions."""
+  """update_forwards' forwards; the vocabulary projection only for the response positions."""
   head = 2.0 * config.hidden_size * config.vocab_size
   body = forward_flops_per_token(config, length) - head
-  return 4.0 * (body * rows * length + head * rows * response_len)
+  return update_forwards(config) * (body * rows * length + head * rows * response_len)
 
 
 @register_program("train_step", microbatched=True)
@@ -93,8 +101,9 @@ def _train_step(config, mesh, req):
     vocab_chunk=chunk,
   )
   opt = make_optimizer(cfg)
+  key = jax.random.key(0)
   state = jax.eval_shape(
-    lambda: init_train_state(llama.init_params(config, jax.random.key(0)), opt)
+    lambda: init_train_state(lora.with_adapters(llama.init_params(config, key), config, key), opt)
   )
   state = shd.abstract_on_mesh(state, mesh)
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
@@ -108,7 +117,8 @@ def _train_step(config, mesh, req):
   )
   batch = abstract_batch(mesh, req.batch, req.seq)
   # The old log-probs forward has no backward, hence no recompute: 3 + 1 forwards + the remat's.
+  forwards = update_forwards(config)
   floor = matmul_floor(
-    config, req.batch * req.seq, req.batch * RESPONSE_LEN, forwards=4, grads=True
+    config, req.batch * req.seq, req.batch * RESPONSE_LEN, forwards=forwards, grads=True
   )
   return Program(fn, (state, batch), update_flops(config, req.batch, req.seq, RESPONSE_LEN), floor)

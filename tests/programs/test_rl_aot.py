@@ -67,3 +67,43 @@ def test_train_step_compiles_for_v5p():
   )
   assert 0 < one <= two < one + 0.01, (one, two)
   assert "FUSE_REFUSED True" in out.stdout
+
+
+LORA_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from empo2_jax.defaults import get_config
+    from empo2_jax.programs import aot
+    from empo2_jax.train import settings
+    import empo2_jax.programs.update_aot  # registers "train_step"
+    c = get_config()
+    base = dict(program="train_step", preset="tiny", topology="v4:2x2x1", batch=16, seq=96,
+                num_microbatches=2, cost_probe=False, mesh="data=1,fsdp=-1,tensor=1",
+                remat="full", compute_dtype="bfloat16", update=settings.update_config(c))
+    for name, kw in (("full", dict(param_dtype="float32")),
+                     ("lora", dict(param_dtype="bfloat16", lora_rank=16))):
+        r = aot.compile_program(aot.AotRequest(**base, **kw))
+        print("RESULT", name, r["chips"], r["devices"], r["hbm_gib"], r["argument_gib"])
+""")
+
+
+def test_lora_train_step_compiles_for_a_v4_8_as_its_vm_presents_it():
+  """v4:2x2x1 is 4 megacore devices (one a chip, 32 GiB each), as a v4-8 VM runs them; the LoRA
+  update's state (bf16 base + fp32 adapters and their AdamW moments) is far below the full one's
+  (fp32 params + two moments)."""
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run(
+    [sys.executable, "-c", LORA_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+    timeout=900,
+  )  # fmt: skip
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = {
+    ln.split()[1]: ln.split()[2:] for ln in out.stdout.splitlines() if ln.startswith("RESULT")
+  }
+  assert rows["full"][:3] == rows["lora"][:3] == ["4", "4", "32"]
+  full, lora = float(rows["full"][3]), float(rows["lora"][3])
+  # tiny: 8.9M params, 8.3M of them the (not adapted) embedding; fp32 x 3 -> bf16 + adapters
+  assert lora < full / 4
