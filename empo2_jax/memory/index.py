@@ -51,6 +51,9 @@ else:
 _warned_no_scann = False
 
 
+UNSEEN_FALLBACKS = ("task", "none")
+
+
 @dataclasses.dataclass(frozen=True)
 class RetrievalConfig:
   threshold: float = 0.5  # cosine must be strictly greater
@@ -69,6 +72,16 @@ class RetrievalConfig:
   build_chunk: int = 50_000  # rows upserted into the searcher per step after the sample
   scan_chunk: int = 16_384  # max rows per step of the score-order scan (starts at 256, doubles)
   use_scann: bool = True
+  # memory.unseen_fallback: "task" lets a variation without a slot of its own read its task's
+  # other slots where the caller asks (evaluation with memory, launch/adapt.py); "none" never
+  unseen_fallback: str = "task"
+
+  def __post_init__(self):
+    if self.unseen_fallback not in UNSEEN_FALLBACKS:
+      raise ValueError(
+        f"memory.unseen_fallback={self.unseen_fallback!r}; valid: task (evaluation with memory "
+        "and launch/adapt.py read the task's other slots), none"
+      )
 
 
 @dataclasses.dataclass(frozen=True)

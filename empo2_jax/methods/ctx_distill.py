@@ -59,14 +59,6 @@ class CtxDistill(Plugin):
   name = "ctx_distill"
   section = {"enabled": False, "edge_gate": False}
 
-  @classmethod
-  def check(cls, c) -> None:
-    if cls.active(c) and c.ctx_distill.edge_gate and c.rollout.group_size < 2:
-      raise ValueError(
-        f"ctx_distill.edge_gate splits each group into tip and tip-free halves: it needs "
-        f"rollout.group_size >= 2 (got {c.rollout.group_size})"
-      )
-
   def __init__(self, c, **kw):
     super().__init__(c, **kw)
     self.gate = bool(c.ctx_distill.edge_gate)

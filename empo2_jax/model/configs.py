@@ -108,9 +108,9 @@ class LlamaConfig:
       )
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-    for f in ("param_dtype", "compute_dtype"):
+    for f in ("param_dtype", "compute_dtype"):  # config.model's keys of the same names
       if getattr(self, f) not in DTYPES:
-        raise ValueError(f"{f}={getattr(self, f)!r}; valid: {sorted(DTYPES)}")
+        raise ValueError(f"model.{f}={getattr(self, f)!r}; valid: {', '.join(sorted(DTYPES))}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat={self.remat!r}; valid: {REMAT_POLICIES}")
     if self.attention_block < 0:

@@ -189,8 +189,6 @@ def gigpo_advantages(
   Returns:
     [N] float32 advantages.
   """
-  if episode_stats not in EPISODE_STATS:
-    raise ValueError(f"episode_stats={episode_stats!r}; valid: {', '.join(EPISODE_STATS)}")
   n = len(returns)
   penalty = np.zeros(n)
   if valid is not None and invalid_penalty:
@@ -275,8 +273,31 @@ def default_keys() -> dict:
 def get_estimator(name: str) -> Estimator:
   """The Estimator registered under `name` (ValueError naming the valid ones if none)."""
   if name not in ESTIMATORS:
-    raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ESTIMATORS)}")
+    raise ValueError(f"advantage.estimator={name!r}; valid: {', '.join(ESTIMATORS)}")
   return ESTIMATORS[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+  """The run's advantage choices, checked here once (train/settings.advantage_settings; the
+  config check builds it): the estimator (registered: get_estimator), GiGPO's episode statistics
+  and the group size the group-normalised advantages need."""
+
+  estimator: str  # advantage.estimator
+  episode_stats: str = "trajectory"  # advantage.episode_stats (EPISODE_STATS)
+  group_size: int = 2  # rollout.group_size
+
+  def __post_init__(self):
+    get_estimator(self.estimator)
+    if self.episode_stats not in EPISODE_STATS:
+      raise ValueError(
+        f"advantage.episode_stats={self.episode_stats!r}; valid: {', '.join(EPISODE_STATS)}"
+      )
+    if self.group_size < 2:
+      raise ValueError(
+        f"rollout.group_size={self.group_size}: must be >= 2 (group-normalised advantages; "
+        "ctx_distill's edge gate splits each group in two halves)"
+      )
 
 
 def turn_advantages(turns: Sequence, estimator: str, settings=None, **kwargs) -> np.ndarray:

@@ -56,6 +56,8 @@ from empo2_jax.tips import TIP_BLOCK_RE, strip_tips_messages
 MODES = ("on", "on_tips", "off")
 RATIO_VARIANTS = ("paper", "release")
 PROMPT_LEN_CHECKS = ("both", "sampled", "tip_free")
+LAYOUTS = ("packed", "turn")  # optim.layout
+UPDATE_SHAPES = ("grow", "fit", "max")  # optim.update_shapes
 
 
 @dataclasses.dataclass
@@ -106,9 +108,26 @@ class BatchConfig:
   prompt_multiple: int = 128  # P is a bucket over multiples of this
   bucket_growth: float = 1.25  # consecutive bucket sizes differ by at most this factor
   pad_id: int = 151643  # <|endoftext|>
+  # optim.layout: "turn" (build_batch, one row per turn sample) or "packed" (build_packed_batch,
+  # one row per episode and view)
+  layout: str = "turn"
+  # optim.update_shapes: "grow" (pad to the largest update shape so far), "fit" (the smallest
+  # buckets each iteration), "max" (the largest the config allows, from the first iteration)
+  update_shapes: str = "grow"
 
   def __post_init__(self):
     # The only check of these keys (train/build.check_config builds this object).
+    if self.layout not in LAYOUTS:
+      raise ValueError(
+        f"optim.layout={self.layout!r}; valid: packed (one row per episode and view), turn "
+        "(one row per turn sample)"
+      )
+    if self.update_shapes not in UPDATE_SHAPES:
+      raise ValueError(
+        f"optim.update_shapes={self.update_shapes!r}; valid: grow (pad to the largest update "
+        "shape so far), fit (the smallest buckets each iteration), max (the largest the config "
+        "allows, from the first iteration)"
+      )
     if self.ratio_variant not in RATIO_VARIANTS:
       raise ValueError(
         f"empo2.ratio_variant={self.ratio_variant!r}; valid: {', '.join(RATIO_VARIANTS)}"

@@ -112,9 +112,11 @@ class UpdateConfig:
   vocab_chunk: int = 8192  # vocabulary columns per log-prob chunk (rl/logprobs.py)
 
   def __post_init__(self):
-    if self.old_logp_source not in OLD_LOGP_SOURCES:
-      raise ValueError(f"UpdateConfig.old_logp_source must be one of {OLD_LOGP_SOURCES}")
     # The only check of these optim keys (train/build.check_config builds this object).
+    if self.old_logp_source not in OLD_LOGP_SOURCES:
+      raise ValueError(
+        f"optim.old_logp_source={self.old_logp_source!r}; valid: {', '.join(OLD_LOGP_SOURCES)}"
+      )
     for name in ("minibatch_size", "micro_rows", "epochs", "vocab_chunk"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"optim.{name}={getattr(self, name)} must be >= 1")

@@ -64,7 +64,9 @@ class SamplerSettings:
 
   def __post_init__(self):
     if self.cache_dtype not in DTYPES:
-      raise ValueError(f"cache_dtype={self.cache_dtype!r}; valid: {sorted(DTYPES)}")
+      raise ValueError(
+        f"rollout.cache_dtype={self.cache_dtype!r}; valid: {', '.join(sorted(DTYPES))}"
+      )
     if self.prefill_tokens is not None and self.prefill_tokens < 1:
       raise ValueError(
         f"SamplerSettings.prefill_tokens={self.prefill_tokens} must be a positive int or None"

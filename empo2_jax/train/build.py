@@ -37,38 +37,12 @@ def check_config(c) -> None:
     methods.check(c)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if c.memory.unseen_fallback not in ("task", "none"):
-    raise ConfigError(
-      f"memory.unseen_fallback={c.memory.unseen_fallback!r}; valid: task (evaluation with "
-      "memory and launch/adapt.py read the task's other slots), none"
-    )
   from empo2_jax.train.checkpoint import async_saves
 
   try:
     async_saves(c.train.checkpoint_async, "cpu")
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if c.optim.layout not in ("packed", "turn"):
-    raise ConfigError(
-      f"optim.layout={c.optim.layout!r}; valid: packed (one row per episode "
-      "and view), turn (one row per turn sample)"
-    )
-  if c.optim.update_shapes not in ("grow", "fit", "max"):
-    raise ConfigError(
-      f"optim.update_shapes={c.optim.update_shapes!r}; valid: grow (pad to the largest update "
-      "shape so far), fit (the smallest buckets each iteration), max (the largest the config "
-      "allows, from the first iteration)"
-    )
-  from empo2_jax.rl.advantages import EPISODE_STATS, ESTIMATORS
-
-  if c.advantage.estimator not in ESTIMATORS:
-    raise ConfigError(
-      f"advantage.estimator={c.advantage.estimator!r}; valid: {', '.join(ESTIMATORS)}"
-    )
-  if c.advantage.episode_stats not in EPISODE_STATS:
-    raise ConfigError(
-      f"advantage.episode_stats={c.advantage.episode_stats!r}; valid: {', '.join(EPISODE_STATS)}"
-    )
   env_suite = suite(c)  # an unknown env.name names the valid ones
   if c.env.workers < 0:
     raise ConfigError(f"env.workers={c.env.workers}; pass a pool size >= 1, or 0 for one per CPU")
@@ -77,14 +51,20 @@ def check_config(c) -> None:
       f"train.eval_batch={c.train.eval_batch}; pass the episodes to sample at once (>= 1), "
       "or 0 for a training rollout's variations_per_iter x group_size"
     )
-  if c.rollout.group_size < 2:
-    raise ConfigError("rollout.group_size must be >= 2 (group-normalised advantages)")
+  from empo2_jax.memory.index import RetrievalConfig
+  from empo2_jax.sampling.sampler import SamplerSettings
   from empo2_jax.train import settings
 
-  try:  # the settings objects check their own keys (loss, optim, empo2's actor and batch keys)
+  # The settings objects check their own keys: loss and optim (the update, the batch), the
+  # advantage choices, empo2's actor keys, the model's and the sampler's fields, the memory's.
+  try:
     settings.update_config(c)
     settings.batch_config(c, pad_id=0)
+    settings.advantage_settings(c)
     settings.actor_settings(c)
+    model_configs.get_preset("tiny", **model_fields(c))
+    SamplerSettings(cache_dtype=c.rollout.cache_dtype)
+    RetrievalConfig(unseen_fallback=c.memory.unseen_fallback)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   try:  # the task, then the env's own fields (no env process starts here)
@@ -105,13 +85,6 @@ def check_config(c) -> None:
 
 def _check_numerics(c) -> None:
   """dtypes, mini-batching and lengths (docs/method.md §1 item 5, §8)."""
-  for key, value in (
-    ("model.param_dtype", c.model.param_dtype),
-    ("model.compute_dtype", c.model.compute_dtype),
-    ("rollout.cache_dtype", c.rollout.cache_dtype),
-  ):
-    if value not in model_configs.DTYPES:
-      raise ConfigError(f"{key}={value!r}; valid: {', '.join(sorted(model_configs.DTYPES))}")
   try:  # the LoRA keys (an unknown target names the valid ones)
     lora.parse_targets(c.model.lora_targets)
   except ValueError as e:
@@ -172,19 +145,24 @@ def lora_overrides(c) -> dict:
   return dict(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets)
 
 
-def base_policy(c):
-  """(model config, base params as loaded) from a checkpoint (HF dir, .gguf, embedded) or a
-  seeded random init: the weights a run starts from, without LoRA adapters."""
-  overrides = dict(
+def model_fields(c) -> dict:
+  """The LlamaConfig fields config.model sets beside LoRA's (LlamaConfig checks them)."""
+  return dict(
+    param_dtype=c.model.param_dtype,
     compute_dtype=c.model.compute_dtype,
     remat=c.model.remat,
     attention_impl=c.model.attention_impl,
-    **lora_overrides(c),
     decode_kernels=c.model.decode_kernels,
   )
+
+
+def base_policy(c):
+  """(model config, base params as loaded) from a checkpoint (HF dir, .gguf, embedded) or a
+  seeded random init: the weights a run starts from, without LoRA adapters."""
+  overrides = {**model_fields(c), **lora_overrides(c)}
   if c.model.checkpoint:
-    return hf.load_checkpoint(checkpoint_path(c), dtype=c.model.param_dtype, **overrides)
-  config = model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype, **overrides)
+    return hf.load_checkpoint(checkpoint_path(c), dtype=overrides.pop("param_dtype"), **overrides)
+  config = model_configs.get_preset(c.model.preset, **overrides)
   return config, llama.init_params(config, jax.random.PRNGKey(c.seed))
 
 
@@ -302,7 +280,14 @@ def memory(c):
 
   encoder = Encoder.load(c.memory.encoder_dir or None)
   store = MemoryStore(dim=encoder.dim, max_per_slot=c.memory.max_entries)
-  index = MemoryIndex(store, RetrievalConfig(threshold=c.memory.threshold, top_k=c.memory.top_k))
+  index = MemoryIndex(
+    store,
+    RetrievalConfig(
+      threshold=c.memory.threshold,
+      top_k=c.memory.top_k,
+      unseen_fallback=c.memory.unseen_fallback,
+    ),
+  )
   return encoder, store, index
 
 

@@ -9,6 +9,7 @@ from empo2_jax.agent.actor import ActorSettings
 from empo2_jax import methods
 from empo2_jax.config_keys import by_name
 from empo2_jax.methods.empo2 import intrinsic_kind
+from empo2_jax.rl import advantages as adv_lib
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
@@ -47,12 +48,8 @@ def old_logp_source(c) -> tuple[str, str]:
   temperatures, HeRL's guided samples at herl.temperature, SPA). Otherwise "recompute". Per
   iteration the trainer further requires that the old view is the sampled one
   (old_logp_from_sampler)."""
-  if c.optim.old_logp_source not in update_lib.OLD_LOGP_SOURCES:
-    raise ValueError(
-      f"optim.old_logp_source={c.optim.old_logp_source!r}; valid: {update_lib.OLD_LOGP_SOURCES}"
-    )
-  if c.optim.old_logp_source == "recompute":
-    return "recompute", "optim.old_logp_source=recompute"
+  if c.optim.old_logp_source != "sampler":  # recompute (any other value: UpdateConfig refuses it)
+    return c.optim.old_logp_source, f"optim.old_logp_source={c.optim.old_logp_source}"
   r, m = c.rollout, c.model
   if not (m.compute_dtype == r.cache_dtype == "float32"):
     why = f"compute_dtype={m.compute_dtype} cache_dtype={r.cache_dtype} (measured in float32 only)"
@@ -77,14 +74,25 @@ def old_logp_from_sampler(mode: str, ratio_variant: str, batch: dict) -> bool:
   return not any(k in batch for k in update_lib.OPTIONAL_KEYS)
 
 
+def advantage_settings(c) -> adv_lib.AdvantageSettings:
+  """The `advantage` section's choices and rollout.group_size (rl/advantages.AdvantageSettings
+  checks them)."""
+  return adv_lib.AdvantageSettings(
+    estimator=c.advantage.estimator,
+    episode_stats=c.advantage.episode_stats,
+    group_size=c.rollout.group_size,
+  )
+
+
 def batch_config(c, pad_id: int) -> batch_lib.BatchConfig:
-  """rl/minibatch.arrange then lays out the update's rows."""
+  """The batch builder's `optim` keys (layout, update_shapes, prompt_len_check, micro_rows, ...);
+  rl/minibatch.arrange then lays out the update's rows."""
   # SGE's strategy phase and SPA's world-model text lengthen the response
   # (methods.response_tokens); prompts then get what is left of the context.
   response = methods.response_tokens(c)
   return by_name(
     batch_lib.BatchConfig,
-    c.optim,  # prompt_len_check, micro_rows
+    c.optim,  # layout, update_shapes, prompt_len_check, micro_rows
     max_prompt_len=min(c.optim.max_prompt_len, c.rollout.max_context - response),
     response_len=response,
     ratio_variant=c.empo2.ratio_variant,

@@ -209,7 +209,7 @@ class Trainer:
 
   def _update_floor(self) -> dict:
     """The least update shape of this iteration (optim.update_shapes; defaults.py)."""
-    mode = self.config.optim.update_shapes
+    mode = self.batch_cfg.update_shapes
     if mode == "fit":
       return dict.fromkeys(self.update_floor, 0)
     if mode == "max":
@@ -334,7 +334,7 @@ class Trainer:
     per turn; then shuffled into mini-batches of optim.minibatch_size samples (docs/method.md §1
     item 5). The shuffle depends on (seed, iteration) only, so a resumed run repeats it."""
     c, fl = self.config, self._update_floor()
-    if c.optim.layout == "packed":
+    if self.batch_cfg.layout == "packed":
       batch, bstats = batch_lib.build_packed_batch(
         turns, advantages, self.tokenizer, self.batch_cfg, min_len=fl["len"], min_turns=fl["turns"]
       )
@@ -349,7 +349,7 @@ class Trainer:
       min_slots=fl["slots"],
       min_slot_rows=fl["slot_rows"],
     )
-    if c.optim.update_shapes != "fit":
+    if self.batch_cfg.update_shapes != "fit":
       shape = minibatch_lib.update_shape(batch, layout)
       self.update_floor = {k: max(v, shape[k]) for k, v in self.update_floor.items()}
     return batch, bstats, layout

@@ -8,6 +8,7 @@ import pytest
 
 from configs import frozenlake
 from empo2_jax import methods
+from empo2_jax.train.build import ConfigError, check_config
 
 
 def _run(tmp_path, name, iterations=2):
@@ -98,9 +99,9 @@ def test_edge_gate_needs_groups_of_two():
   methods.apply(c, "ctx_distill")
   c.ctx_distill.edge_gate = True
   assert methods.Hooks(c).memory_view("off") == "split"
-  c.rollout.group_size = 1
-  with pytest.raises(ValueError, match="rollout.group_size >= 2"):
-    methods.check(c)
+  c.rollout.group_size = 1  # refused for every run (rl/advantages.AdvantageSettings)
+  with pytest.raises(ConfigError, match="rollout.group_size=1: must be >= 2"):
+    check_config(c)
 
 
 @pytest.mark.slow

@@ -204,8 +204,9 @@ def test_gigpo_switches_change_the_result():
     **kw,
   )
   assert pen[0] < base[0]
-  with pytest.raises(ValueError, match="valid: trajectory, steps"):
-    A.gigpo_advantages([0], [0], [0], ["o"], [1.0], [1.0], episode_stats="rows")
+  # the value is checked once, by the run's AdvantageSettings (not by the kernel)
+  with pytest.raises(ValueError, match="advantage.episode_stats='rows'; valid: trajectory, steps"):
+    A.AdvantageSettings("gigpo", episode_stats="rows")
 
 
 def test_turn_advantages_pass_the_turns_valid_flags():

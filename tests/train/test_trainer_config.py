@@ -162,6 +162,41 @@ def test_config_checks_fail_at_once(field, value, match):
     check_config(c)
 
 
+def _raised_in(error: BaseException) -> tuple[str, str]:
+  """(file under the repository, function) that raised the exception a ConfigError reports."""
+  inner = error.__cause__ or error.__context__ or error
+  tb = inner.__traceback__
+  while tb.tb_next is not None:
+    tb = tb.tb_next
+  return os.path.relpath(tb.tb_frame.f_code.co_filename, ROOT), tb.tb_frame.f_code.co_name
+
+
+@pytest.mark.parametrize(
+  "field,value,where",
+  [
+    ("optim.old_logp_source", "cache", ("empo2_jax/rl/update.py", "__post_init__")),
+    ("advantage.estimator", "ppo", ("empo2_jax/rl/advantages.py", "get_estimator")),
+    ("advantage.episode_stats", "all", ("empo2_jax/rl/advantages.py", "__post_init__")),
+    ("rollout.group_size", 1, ("empo2_jax/rl/advantages.py", "__post_init__")),
+    ("model.param_dtype", "fp32", ("empo2_jax/model/configs.py", "__post_init__")),
+    ("model.compute_dtype", "bf16", ("empo2_jax/model/configs.py", "__post_init__")),
+    ("rollout.cache_dtype", "int8", ("empo2_jax/sampling/sampler.py", "__post_init__")),
+    ("optim.layout", "rows", ("empo2_jax/rl/batch.py", "__post_init__")),
+    ("optim.update_shapes", "largest", ("empo2_jax/rl/batch.py", "__post_init__")),
+    ("memory.unseen_fallback", "all", ("empo2_jax/memory/index.py", "__post_init__")),
+  ],
+)
+def test_each_value_is_checked_once_by_its_settings_object(field, value, where):
+  """A bad value is refused by the settings object that holds it (and nowhere before it), with
+  a message that names the config key."""
+  c = sciworld.get_config("cpu")
+  section, key = field.split(".")
+  c[section][key] = value
+  with pytest.raises(ConfigError, match=rf"{field}={value!r}") as info:
+    check_config(c)
+  assert _raised_in(info.value) == where
+
+
 @pytest.mark.parametrize(
   "spec, match",
   [
