@@ -35,7 +35,7 @@ from update import synthetic_batch
 def main():
   ap = parser(__doc__)
   ap.add_argument("--config", default="configs/sciworld.py:cpu")
-  ap.add_argument("--rows", type=int, default=0, help="sampler slots (0: rows x group)")
+  ap.add_argument("--rows", type=int, default=0, help="sampler rows (0: variations x group)")
   ap.add_argument("--prompt", type=int, default=1400, help="tokens prefilled per slot")
   ap.add_argument("--new", type=int, default=16, help="tokens decoded per slot")
   ap.add_argument("--episodes", type=int, default=4)

@@ -30,7 +30,7 @@ def puzzle_config(name: str, task: str, env_fields: dict, args: dict):
   c.env.format_penalty = -0.1
   for key, value in env_fields.items():
     c.env[key] = value
-  # Many maps: each training row is one seed (SPA draws fresh seeds every step; we walk a
+  # Many maps: each training variation is one seed (SPA draws fresh seeds every step; we walk a
   # permutation of these); 128 test maps (SPA validates on 128 groups).
   c.env.num_train_variations = 256
   c.env.num_test_variations = 128

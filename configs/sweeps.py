@@ -46,7 +46,7 @@ def named(name: str, **overrides) -> dict:
 # the training methods' runs.
 TABLE1_METHODS = ("naive", "reflexion", "grpo", "gigpo", "empo2", "retrospex")
 TABLE1_CPU_TASKS = ("find-animal", "power-component")
-# The CPU version: the embedded SmolLM2-135M (configs/sciworld.py:cpu: 2 rows x 2 rollouts,
+# The CPU version: the embedded SmolLM2-135M (configs/sciworld.py:cpu: 2 variations x 2 rollouts,
 # 4 steps, 2 test variations x 1), one training iteration, the evaluation by launch/eval.py.
 # Full remat: without it the update of the cpu config peaked near 9 GB here.
 TABLE1_CPU_TRAIN = (
@@ -154,7 +154,7 @@ def get_sweep(arg: str) -> list[dict]:
       sweep("empo2.p_memory", [0.0, 0.5]), empo2__q_offpolicy=0.5, train__iterations=2
     ),
     # the exploration methods side by side on one environment (the config given to
-    # launch/sweep.py, e.g. configs/frozenlake.py:cpu) with the same budget (iterations, rows,
+    # launch/sweep.py, e.g. configs/frozenlake.py:cpu) with the same budget (iterations, variations,
     # group size, evaluation); SPA adds its self-play collection and SFT before its RL
     # (launch/spa.py). docs/exploration_cpu.md has the CPU run.
     "exploration": lambda: [

@@ -122,7 +122,7 @@ def get_config(arg=None):
       c.loss[k] = v
   c.advantage = dict(estimator="grpo_step", gamma=0.95, step_weight=1.0, use_std=True)
   # GiGPO only (rl/advantages.gigpo_advantages): episode statistics over one score per rollout
-  # ('trajectory') or over every turn row of the group ('steps', verl-agent's default), and the
+  # ('trajectory') or over every turn of the group ('steps', verl-agent's default), and the
   # penalty taken off an invalid action's episode score and step return (verl-agent: 0.1). The
   # `gigpo` method (methods/gigpo.py) sets verl-agent's values.
   c.advantage.episode_stats = "trajectory"
@@ -261,7 +261,7 @@ def parse_args(name: str, arg, flags: tuple, valued: tuple = ()) -> dict:
 
 
 def small_cpu(c, *, max_new_tokens: int, max_context: int, iterations: int, eval_every: int):
-  """What every env's CPU demo and test config share: fp32 on one host, 2 rows x 2 rollouts,
+  """What every env's CPU demo and test config share: fp32 on one host, 2 variations x 2 rollouts,
   all three modes likely within a few iterations, 4 shuffled mini-batches of turn samples and one
   packed row per forward/backward. The env fields are the config file's."""
   c.model.param_dtype = "float32"

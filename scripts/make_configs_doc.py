@@ -25,7 +25,7 @@ FIELDS = (
   ("model", "model.checkpoint"),
   ("env", "env.name"),
   ("task", "env.task"),
-  ("rows x group", None),
+  ("variations x group", None),
   ("max steps", "env.max_steps"),
   ("context", "rollout.max_context"),
   ("iterations", "train.iterations"),
@@ -72,7 +72,7 @@ def row(spec: str) -> list[str]:
   c = defaults.load_config(os.path.join(ROOT, spec.split(":")[0]) + _variant(spec))
   cells = []
   for label, key in FIELDS:
-    if label == "rows x group":
+    if label == "variations x group":
       cells.append(f"{c.rollout.variations_per_iter} x {c.rollout.group_size}")
     elif label == "p / q":
       cells.append(f"{_fmt(c.empo2.p_memory)} / {_fmt(c.empo2.q_offpolicy)}")

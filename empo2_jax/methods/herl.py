@@ -12,7 +12,7 @@ proposal, docs/methods.md §6.3's note):
               the best score, up to candidate_limit = 16; one per group keeps the cost at one
               extra episode per failing group]
   hindsight   the unmet goal items of that episode, the ones it reached, and its actions, in a
-              <hindsight> block of the first user message of a new episode on the same task row
+              <hindsight> block of the first user message of a new episode on the same variation
               (HeRL's `train_use_rewrite_prompt=True`: the guided sample is trained under the
               prompt it was sampled with). ScienceWorld: the simulator's subgoals
               (`getGoalProgressStr`, parsed by `parse_goal_progress`) not completed; the puzzles:

@@ -20,7 +20,7 @@ such in reports):
   reflection  from the second iteration on, a share rho = 0.5 of each group's rollouts (spread
               over the temperature classes, `reflects`) gets "Previous strategies for this task
               and their outcomes: - <strategy> -> success/fail, score" for the last M = 3
-              distinct strategies stored for the task row, and "Propose a different strategy
+              distinct strategies stored for the variation, and "Propose a different strategy
               likely to succeed."; these rollouts are trained as on-policy under the prompt they
               saw (reflection text included).
   book        the first strategy of every finished training episode and its outcome, per
@@ -165,9 +165,9 @@ class StrategyBook:
     strategy = " ".join(strategy.split())
     if not strategy:
       return
-    rows = self.entries.setdefault(_key(key), [])
-    rows.append({"strategy": strategy, "success": bool(success), "score": float(score)})
-    del rows[: -self.max_per_key]
+    kept = self.entries.setdefault(_key(key), [])
+    kept.append({"strategy": strategy, "success": bool(success), "score": float(score)})
+    del kept[: -self.max_per_key]
 
   def recent(self, key, m: int) -> list[dict]:
     """The last m DISTINCT strategies (the latest outcome of each), oldest first."""

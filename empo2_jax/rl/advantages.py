@@ -1,7 +1,7 @@
 """Advantages (docs/method.md §6), on the host with numpy: one value per turn sample.
 
 Input format: flat arrays with one entry per turn (any order), all of length N:
-  group_ids   task-row group: all turns of the n rollouts of one task row share it (hashable values)
+  group_ids   a variation's group: all turns of its n rollouts share it (hashable values)
   rollout_ids episode id, unique across the batch (hashable values)
   steps       int, the turn's index within its rollout (orders the turns for discounting)
   obs_keys    hashable, the turn's current observation (GiGPO anchor states)
@@ -61,7 +61,7 @@ def grpo_step_advantages(group_ids, returns, intrinsic=None, *, ddof=1, eps=1e-6
   all turns of the group.
 
   Args:
-    group_ids: [N] hashable task-row group of each turn.
+    group_ids: [N] hashable group (one variation's rollouts) of each turn.
     returns: [N] float episode return, repeated on each of its turns.
     intrinsic: [N] float intrinsic reward of each turn, or None (0).
     ddof: delta degrees of freedom of the group std.
@@ -81,7 +81,7 @@ def rollout_advantages(group_ids, rollout_ids, rewards, *, ddof=1, eps=1e-6):
   rollouts of the group (ddof=1), broadcast back to every turn.
 
   Args:
-    group_ids: [N] hashable task-row group of each turn.
+    group_ids: [N] hashable group (one variation's rollouts) of each turn.
     rollout_ids: [N] hashable episode id of each turn, unique across the batch.
     rewards: [N] float reward of each turn.
     ddof: delta degrees of freedom of the group std.
@@ -160,9 +160,9 @@ def gigpo_advantages(
   same penalty on invalid turns (verl-agent's apply_invalid_action_penalty, coefficient 0.1 there).
   A_episode = (score - mean) / F_norm with the group's statistics taken over the scores that
   `episode_stats` names.
-  A_step = (R_t - mean) / F_norm within the turn's anchor group (turns of the same task-row group
+  A_step = (R_t - mean) / F_norm within the turn's anchor group (turns of the same group
   whose current observation is identical; singletons -> 0).
-  F_norm = std + eps with use_std=True ("mean_std_norm", the paper's "w/ std" row), 1 with
+  F_norm = std + eps with use_std=True ("mean_std_norm", the paper's "w/ std" entry), 1 with
   use_std=False ("mean_norm", verl-agent's default, "w/o std"). std has ddof=1 (torch.std).
   A group with a single member gets A_episode = 0 (verl-agent: mean 0, std 1, i.e. the raw score;
   with group_size >= 2 that happens only when the pool lost the other rollouts).
@@ -170,7 +170,7 @@ def gigpo_advantages(
   (methods/) sets verl-agent's (steps, use_std False, penalty 0.1).
 
   Args:
-    group_ids: [N] hashable task-row group of each turn.
+    group_ids: [N] hashable group (one variation's rollouts) of each turn.
     rollout_ids: [N] hashable episode id of each turn, unique across the batch.
     steps: [N] int index of each turn within its rollout.
     obs_keys: [N] hashable current observation of each turn (the anchor states).
@@ -180,7 +180,7 @@ def gigpo_advantages(
     step_weight: w, the weight of A_step.
     use_std: divide by std + eps (True) or by 1 (False).
     episode_stats: "trajectory": one score per rollout of the group (the rollout's first turn);
-      "steps": every turn row of the group (verl-agent's default,
+      "steps": every turn of the group (verl-agent's default,
       compute_mean_std_cross_steps=True: longer episodes weigh more).
     valid: [N] bool, the turn's action was valid; None: all valid.
     invalid_penalty: float subtracted from both scores of an invalid turn.
@@ -322,7 +322,7 @@ def turn_advantages(turns: Sequence, estimator: str, settings=None, **kwargs) ->
 def grpo_step_turns(turns, ddof=1, eps=1e-6):
   """Paper-era GRPO, step level (docs/method.md §6): s = episode return + the turn's r_int.
 
-  The GRPO group advantage A = (s - mean) / (std + eps) over the task row's turns.
+  The GRPO group advantage A = (s - mean) / (std + eps) over the turns of the variation's group.
 
   Args:
     turns: N turns (group_id, episode_return, intrinsic).

@@ -67,7 +67,7 @@ class Turn:
   response_ids: list  # sampled token ids (including the stop token if it was sampled)
   sampler_logprobs: list  # one float per response id
   mode: str  # "on" | "on_tips" | "off": how this turn's rollout was drawn (docs/method.md §1)
-  group_id: Hashable  # task row: all turns of its n rollouts
+  group_id: Hashable  # the variation's GRPO group: all turns of its n rollouts
   rollout_id: Hashable  # episode, unique in the batch
   step: int  # turn index within the episode
   episode_return: float  # the episode's return (final score)

@@ -100,7 +100,7 @@ class UpdateConfig:
   b1: float  # AdamW beta1
   b2: float  # AdamW beta2
   grad_clip: float  # global-norm gradient clip
-  minibatch_size: int  # turn samples per optimizer step (verl: 16 rows x 8 rollouts)
+  minibatch_size: int  # turn samples per optimizer step (verl: 16 variations x 8 rollouts)
   micro_rows: int  # rows per forward/backward (gradient accumulation unit)
   epochs: int  # PPO epochs over the batch
   temperature: float  # rollout.temperature: the sampler's training temperature

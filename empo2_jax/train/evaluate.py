@@ -22,7 +22,7 @@ COLUMNS = ("task", "setting", "episodes", "return_mean", "return_std", "success"
 
 
 class Evaluator:
-  """The test variations' (`rows`) x train.eval_repeats episodes of a policy at
+  """The test variations' (`variations`) x train.eval_repeats episodes of a policy at
   train.eval_temperature;
   WITHOUT memory unless asked (docs/method.md §1). Memory is read, never written, during
   evaluation. `actor` is the run's agent/actor.Actor, `notes` the active methods'
@@ -31,18 +31,21 @@ class Evaluator:
   def __init__(self, config, actor, model_config, notes):
     self.config, self.actor, self.model_config, self.notes = config, actor, model_config, notes
 
-  def specs(self, rows) -> list[tuple]:
-    """(task, variation, group) of every episode: one group a row, eval_repeats episodes each."""
+  def specs(self, variations) -> list[tuple]:
+    """(task, variation, group) of every episode: one group a variation, eval_repeats episodes
+    each."""
     c = self.config
-    return [(c.env.task, v, g) for g, v in enumerate(rows) for _ in range(c.train.eval_repeats)]
+    return [
+      (c.env.task, v, g) for g, v in enumerate(variations) for _ in range(c.train.eval_repeats)
+    ]
 
-  def episodes(self, params, rng, rows, with_memory: bool = False) -> list:
+  def episodes(self, params, rng, variations, with_memory: bool = False) -> list:
     """Every spec's episode, in spec order. At most train.eval_batch episodes at once (0: a
-    training rollout's rows x group), so evaluating many test variations never needs more
+    training rollout's variations x group), so evaluating many test variations never needs more
     sampler memory (KV cache) than training does. The first part draws with `rng` itself: an
     evaluation that fits in one part is unchanged; part k draws with fold_in(rng, k)."""
     c = self.config
-    specs = self.specs(rows)
+    specs = self.specs(variations)
     notes = self.notes(specs)
     size = c.train.eval_batch or c.rollout.variations_per_iter * c.rollout.group_size
     episodes = []
@@ -65,8 +68,8 @@ class Evaluator:
 
 def eval_metrics(episodes, with_memory: bool = False) -> dict:
   """eval/... (eval_mem/... with memory): `episode_summary` of the test episodes, Pass@1 and
-  Pass@k over the eval_repeats episodes of each test row (SPA's es_manager: pass@k = any success
-  in the group, averaged over the groups; train/metrics.py)."""
+  Pass@k over the eval_repeats episodes of each test variation (SPA's es_manager: pass@k = any
+  success in the group, averaged over the groups; train/metrics.py)."""
   summary = episode_summary(episodes)
   ok = [e for e in episodes if not e.env_failed]
   tag = "eval_mem" if with_memory else "eval"

@@ -279,8 +279,9 @@ class Trainer:
     )
 
   def rollout(self, variations: list[int], mode: str, key) -> Rollout:
-    """rollout.group_size episodes of each row (one GRPO group a row), with memory tips unless
-    the mode is "on" (docs/method.md §1) or a method says otherwise (Plugin.memory_view).
+    """rollout.group_size episodes of each variation (one GRPO group a variation), with memory
+    tips unless the mode is "on" (docs/method.md §1) or a method says otherwise
+    (Plugin.memory_view).
     Multi-host: every host steps its share of the episodes; all get every episode back."""
     c = self.config
     specs = group_specs(c.env.task, variations, c.rollout.group_size)

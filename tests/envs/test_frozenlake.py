@@ -180,7 +180,7 @@ def test_limits_penalty_and_truncation():
     env.step("Left")
 
 
-def test_splits_disjoint_and_rows():
+def test_splits_disjoint_and_used_variations():
   env = fl.FrozenLakeEnv(fl.FrozenLakeConfig(num_train_variations=5, num_test_variations=20))
   train, test = env.variations("frozenlake", "train"), env.variations("frozenlake", "test")
   dev = env.variations("frozenlake", "dev")

@@ -68,7 +68,7 @@ def test_max_steps_table():
     cfg.max_steps("find-plants")
 
 
-def test_rows_are_first_train_and_test_variations(env, lib_env):
+def test_used_variations_are_the_first_train_and_test_variations(env, lib_env):
   lib_env.load("find-plant", 0, "easy")
   assert env.used_variations("find-plant", "train") == lib_env.get_variations_train()[:5]
   assert env.used_variations("find-plant", "test") == lib_env.get_variations_test()[:20]

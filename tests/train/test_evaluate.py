@@ -66,7 +66,7 @@ def test_evaluation_samples_at_most_eval_batch_episodes_at_once():
     assert kw["mode"] == "eval" and kw["use_memory"] is False
   assert len({bytes(got) for _, got, _ in calls}) == 3  # each part draws its own keys
 
-  # 0: a training rollout's rows x group (2 x 2); an evaluation that fits is one call with the
+  # 0: a training rollout's variations x group (2 x 2); an evaluation that fits is one call with the
   # iteration's key, as before the split.
   ev, calls = _evaluator(repeats=2, eval_batch=0)
   assert len(ev.episodes("params", base, [1, 2], with_memory=True)) == 4
