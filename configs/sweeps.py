@@ -40,7 +40,7 @@ def named(name: str, **overrides) -> dict:
 # table1: the paper's Table 1 (+ the GiGPO column): every method x task, each run in
 # <root>/<task>/<method>, then launch/table.py over <root>.
 #   python configs/sweeps.py table1 --root=runs/table1            # the 18 tasks (a cluster's list)
-#   python configs/sweeps.py table1_cpu --root=runs/table1_cpu    # 2 tasks, sized for this CPU
+#   python configs/sweeps.py table1_cpu --root=runs/table1_cpu    # 2 tasks, sized for a 2-core CPU
 # print the commands, one a line, in an order that runs as a script (Retrospex trains on the
 # episodes its task's GRPO run saved). launch/sweep.py --sweep=configs/sweeps.py:table1 runs only
 # the training methods' runs.
@@ -162,7 +162,7 @@ def get_sweep(arg: str) -> list[dict]:
     ],
     # the training methods of the paper's Table 1 (table1_commands has every method)
     "table1": lambda: table1_runs(_paper_tasks()),
-    # the same sized for this CPU: 2 tasks, one training iteration each (docs/table1_cpu.md)
+    # the same sized for a 2-core CPU: 2 tasks, one training iteration each (docs/table1_cpu.md)
     "table1_cpu": lambda: table1_runs(TABLE1_CPU_TASKS, cpu=True),
   }
   if arg not in sweeps:

@@ -57,7 +57,7 @@
 #    start: the arms must share one), so runs made in different checkouts share the start
 #    (scripts/exploration_records.py does both).
 #
-# Sized for this 2-core CPU machine (configs/sciworld.py:learn: 15-30 min an iteration, so the
+# Sized for a 2-core CPU (configs/sciworld.py:learn: 15-30 min an iteration, so the
 # arms are days of CPU; BASE=configs/sciworld.py:gpu,format sizes it for one accelerator).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -193,7 +193,7 @@ def test_update_with_sampler_logprobs_equals_recompute():
   for k, v in m_rec.items():
     if k in ("old_from_sampler", "sampler_vs_old_logp_absdiff", "sampler_vs_old_logp_maxdiff"):
       continue
-    if k == "per_sample":  # per-turn arrays (issue 41's instrumentation), compared leaf by leaf
+    if k == "per_sample":  # per-turn arrays (train/view_metrics.py), compared leaf by leaf
       for name, x in v.items():
         np.testing.assert_allclose(m_smp[k][name], x, rtol=1e-3, atol=1e-4, err_msg=name)
         np.testing.assert_array_equal(m_off[k][name], x, err_msg=name)

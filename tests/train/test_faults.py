@@ -1,4 +1,4 @@
-"""Faults and bad input (issue 16): one run per workdir, failed checkpoint saves (disk full) and
+"""Faults and bad input: one run per workdir, failed checkpoint saves (disk full) and
 non-finite updates stop the run with a clear message and nothing lost."""
 
 import errno
