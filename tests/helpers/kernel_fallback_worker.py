@@ -8,21 +8,12 @@ import sys
 import jax
 
 from empo2_jax.model import cpu_kernels, llama
-from empo2_jax.model.configs import LlamaConfig
+from empo2_jax.model.configs import get_preset
 from empo2_jax.sampling.sampler import SamplerSettings, generate
 
 
 def tokens(mode: str) -> list:
-  config = LlamaConfig(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    decode_kernels=mode,
-  )
+  config = get_preset("tiny", vocab_size=512, decode_kernels=mode)  # a small vocabulary: fast
   params = llama.init_params(config, jax.random.key(0))
   out = generate(
     params,
