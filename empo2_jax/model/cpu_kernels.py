@@ -135,6 +135,8 @@ def _build(cxx: str) -> Path:
       if done.returncode == 0:
         os.replace(tmp, path)
         return path
+      if done.returncode < 0:  # killed (out of memory, a signal): not the compiler's verdict
+        raise BuildFailed(why)
     _write_atomic(failed, why)
     raise BuildFailed(why)
   finally:
