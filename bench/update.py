@@ -19,15 +19,19 @@ Settings, each in its own subprocess (a clean peak RSS):
   new  the config as it is now loaded (optim.old_logp_source=sampler on this on-policy batch:
        old_from_sampler=True; the config's remat and attention), with --set's overrides
        (`--set model.remat=none --set optim.micro_rows=2`: levers measured on the same batch)
+  lora new with LoRA rank 16 (alpha 32) on all-linear, as configs/sciworld.py:cpu,lora: the base
+       frozen (fp32 here), gradients and AdamW state for the adapters only; `--settings
+       new,lora` also prints `update_lora_s full= lora= ratio=<full/lora>`
 Timing: the update is compiled ahead of time (jit.lower().compile(), not timed), then one call of
 the compiled program is timed (the call a second jit call would make; no compile in it).
 
 Model flops per update (the useful work; remat's recomputed forward is not counted, as in MFU):
   N = non-embedding params (decoder layers + final norm: the token embedding is a lookup and the
   tied lm head is counted apart, because the code projects only response positions).
-  trained: 6 N per real token of the packed rows + 3 x causal attention (forward: 2 x 2 x
-  heads x head_dim x L^2 / 2 per row of L real tokens and layer: QK^T and PV over the causal half)
-  + 6 x hidden x vocab per real response token (the lm head, forward and backward).
+  trained: 6 N per real token of the packed rows + 3 x causal attention (forward: 2 x 2 x heads x
+  head_dim x L^2 / 2 per row of L real tokens and layer: QK^T and PV over the causal half) + 6 x
+  hidden x vocab per real response token (the lm head, forward and backward); LoRA: 4 N and 4 x
+  hidden x vocab (no weight gradient of the frozen base; the adapters' products not counted).
   old log-prob pass (when it runs, i.e. old_from_sampler false): 2 N per real token + 1 x the
   attention forward + 2 x hidden x vocab per real response token.
 Lines, per setting: `update setting=<s> s=<> tokens_per_s=<> model_gflops_per_s=<>
@@ -157,13 +161,17 @@ def model_flops(config, params, batch, old_pass: bool) -> float:
   """The update's model flops (module docstring)."""
   import jax
 
-  n = sum(x.size for x in jax.tree.leaves(params["layers"])) + params["final_norm"].size
+  from empo2_jax.model import lora
+
+  base = lora.split(params)[1]  # LoRA: the adapters' products (<1% at rank 16) are not counted
+  n = sum(x.size for x in jax.tree.leaves(base["layers"])) + base["final_norm"].size
   lengths = np.asarray(batch["cur_attn"]).sum(axis=1).astype(np.float64)
   tokens = lengths.sum()
   resp = float(np.asarray(batch["response_mask"]).sum())
   attn_fwd = config.num_layers * 2.0 * config.num_heads * config.head_dim * np.sum(lengths**2)
   head = 2.0 * config.hidden_size * config.vocab_size * resp
-  flops = 6.0 * n * tokens + 3.0 * attn_fwd + 3.0 * head
+  passes = 2.0 if config.lora_rank else 3.0  # LoRA: no weight gradient of the frozen base
+  flops = 2.0 * passes * n * tokens + 3.0 * attn_fwd + passes * head
   if old_pass:
     flops += 2.0 * n * tokens + attn_fwd + head
   return float(flops)
@@ -186,6 +194,9 @@ def child(
     c.model.remat = "full"
   else:
     for item in sets:
+      apply_set(c, item)
+  if setting == "lora":  # the new setting with LoRA (model/lora.py), as configs/sciworld.py:lora
+    for item in ("model.lora_rank=16", "model.lora_alpha=32.0", "model.lora_targets=all-linear"):
       apply_set(c, item)
   model_config, params = build.policy(c)
   if setting == "old" and hasattr(model_config, "attention_impl"):
@@ -300,6 +311,9 @@ def main():
       )
   if "old" in secs and "new" in secs:
     result("update_s", old=secs["old"], new=secs["new"], ratio=secs["old"] / secs["new"], fmt=".2f")
+  if "lora" in secs and "new" in secs:
+    ratio = secs["new"] / secs["lora"]
+    result("update_lora_s", full=secs["new"], lora=secs["lora"], ratio=ratio, fmt=".2f")
 
 
 def argparse_suppress():

