@@ -183,6 +183,14 @@ def get_config(arg=None):
     # (SmolLM2's params + AdamW moments) through the next rollout: the make-train peak
     # (README, the bench/host_memory.py row). always | never force it.
     checkpoint_async="auto",
+    # Preemption (SIGTERM; train/run_control.py): a Spot/preemptible VM gets a short notice.
+    # stop_at auto: once an iteration has taken longer than stop_deadline_s, every iteration is
+    # checkpointed (async where checkpoint_async allows) and SIGTERM stops at the next turn
+    # boundary of the training rollout, drops the iteration in progress, waits only for the save
+    # in flight and exits within stop_deadline_s seconds; shorter iterations finish the one in
+    # progress, checkpoint it and exit. "turn" | "iteration" force one of the two.
+    stop_at="auto",
+    stop_deadline_s=25.0,
     save_episodes=False,
     profile_iteration=0,  # >0: a jax.profiler trace of that iteration in <workdir>/profile
     malloc_arenas=2,  # glibc malloc arenas of launch/train.py (0: glibc's default; hoststats.py)
@@ -322,3 +330,6 @@ def tiny_model(c):
   c.train.iterations = 2
   c.train.eval_every = 0
   c.train.eval_at_end = False
+  # Seconds-long iterations stop after the one in progress on SIGTERM, however loaded the
+  # machine that runs the tests (auto would switch to turn stops past stop_deadline_s).
+  c.train.stop_at = "iteration"

@@ -5,10 +5,13 @@
   python launch/train.py --config=configs/sciworld.py:cpu --config.empo2.p_memory=0.5 ...
 
 Rerunning the same command continues from the newest checkpoint in --workdir (SIGTERM checkpoints
-after the iteration in progress and exits 0). One run per workdir: a second one exits at once
-naming the first (<workdir>/.lock). A failed checkpoint save (disk full), a failed metrics write or
-a non-finite update stops the run with exit status 1 and a message naming the checkpoint a rerun
-resumes from; a non-finite update's batch goes to <workdir>/debug/iter_<N>/.
+after the iteration in progress and exits 0; once iterations take longer than
+train.stop_deadline_s, it stops at the next turn boundary instead, dropping the iteration in
+progress, and exits within that deadline: empo2_jax/train/run_control.py). One run per workdir:
+a second one exits at once naming the first (<workdir>/.lock). A failed checkpoint save (disk
+full), a failed metrics write or a non-finite update stops the run with exit status 1 and a
+message naming the checkpoint a rerun resumes from; a non-finite update's batch goes to
+<workdir>/debug/iter_<N>/.
 --config.train.save_episodes=True also writes the run's episodes as a TFDS dataset under
 <workdir>/episodes/tfds (empo2_jax/data/trajectories.py).
 
@@ -140,36 +143,20 @@ def _train(config, lead):
   except (faults.NonFiniteError, faults.WriteError, ckpt_lib.CheckpointSaveError) as e:
     sys.exit(f"error: {e}")  # the message names the checkpoint a rerun resumes from
   if trainer.preempted:
+    how = f" ({trainer.stop_note})" if trainer.stop_note else ""
     print(
-      f"preempted (SIGTERM): checkpoint at iteration {trainer.iteration} in "
+      f"preempted (SIGTERM){how}: checkpoint at iteration {trainer.iteration} in "
       f"{trainer.checkpointer.directory}; rerun the same command to continue",
       flush=True,
     )
     return
   if history and lead:
-    last = history[-1]
-    summary = " ".join(
-      f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-      for k, v in last.items()
-      if k
-      in (
-        "mode",
-        "return_mean",
-        "success",
-        "memory_size",
-        "loss/pg_loss",
-        "eval/return_mean",
-        "eval/success",
-      )
-    )
     from empo2_jax.train.hoststats import peak_rss_gib
+    from empo2_jax.train.summary import done_line
 
     # peak_rss_gib: this process's peak resident size (the env workers' JVMs are not in it;
     # host/children_rss_gib in metrics.jsonl has their size)
-    print(
-      f"done iterations={len(history)} workdir={_WORKDIR.value} {summary} "
-      f"peak_rss_gib={peak_rss_gib():.2f}"
-    )
+    print(done_line(history, _WORKDIR.value, peak_rss_gib()))
 
 
 if __name__ == "__main__":

@@ -189,6 +189,7 @@ class Actor:
     sampler=None,
     memory_fallback: bool = False,
     shadow_memory: Union[bool, Sequence[bool]] = False,
+    stop_check: Optional[Callable[[], None]] = None,
   ) -> Rollout:
     """specs: (task, variation, group_id) per episode. The finished episodes are in spec order.
 
@@ -204,6 +205,8 @@ class Actor:
     (no intrinsic reward either: nothing was shown).
     use_memory and shadow_memory are one flag for every episode or one per spec (a group that
     mixes both kinds of rollout: ctx_distill's EDGE gate); an episode has at most one of them.
+    stop_check: called at every turn boundary; it may raise to abandon the rollout (the trainer's
+    preemption stop, train/run_control.StopSignal.check_turn).
 
     Multi-host (agent/hosts.py): a collective; every process calls it with the same specs and
     steps only its share (`hosts.host_share`) in its own pool, with `params` on its own devices
@@ -245,7 +248,7 @@ class Actor:
         mesh=self.mesh,
         engine=engine,
       )
-      self._run_episodes(out, temperature, k_steps, sampler, memory_fallback)
+      self._run_episodes(out, temperature, k_steps, sampler, memory_fallback, stop_check)
     stats = step_counts(own)
     stats.update({k: int(out.session.stats[k]) if own else 0 for k in SESSION_COUNTERS})
     # Wall-clock phases of this host's rollout (time/rollout_*): sampling (prefill + decode of
@@ -257,7 +260,7 @@ class Actor:
     return out
 
   def _run_episodes(
-    self, run: Rollout, temperature: float, rng, sampler, memory_fallback: bool
+    self, run: Rollout, temperature: float, rng, sampler, memory_fallback: bool, stop_check=None
   ) -> None:
     """Steps this host's episodes to their ends in lock-step; step t samples with
     fold_in(fold_in(rng, t), episode index). Each episode's use_memory / shadow_memory says
@@ -266,6 +269,8 @@ class Actor:
     obs = self._reset(episodes)
     keep = {}  # row -> its first prompt's length: kept on overflow, with the recent turns
     for step in itertools.count():
+      if stop_check is not None:
+        stop_check()
       live = [i for i, e in enumerate(episodes) if not e.done]
       if not live:
         break

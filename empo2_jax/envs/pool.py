@@ -259,6 +259,16 @@ class EnvPool:
         self._kill(handle)
         self._workers[i] = None
 
+  def kill(self) -> None:
+    """SIGKILL every worker and its JVM now, without waiting (a preemption deadline's last step,
+    from another thread: train/run_control.StopSignal)."""
+    for handle in list(self._workers):
+      if handle is not None:
+        with contextlib.suppress(Exception):
+          _kill_if_same(handle.java_pid, handle.java_start)
+        with contextlib.suppress(Exception):
+          handle.process.kill()
+
   def __enter__(self) -> "EnvPool":
     return self
 

@@ -43,6 +43,11 @@ def check_config(c) -> None:
     async_saves(c.train.checkpoint_async, "cpu")
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  if c.train.stop_at not in ("auto", "turn", "iteration") or not c.train.stop_deadline_s > 0:
+    raise ConfigError(
+      f"train.stop_at={c.train.stop_at!r}, train.stop_deadline_s={c.train.stop_deadline_s!r}; "
+      "valid: stop_at auto | turn | iteration, stop_deadline_s > 0 (seconds)"
+    )
   env_suite = suite(c)  # an unknown env.name names the valid ones
   if c.env.workers < 0:
     raise ConfigError(f"env.workers={c.env.workers}; pass a pool size >= 1, or 0 for one per CPU")

@@ -132,8 +132,10 @@ class Trainer:
     self.evaluator = Evaluator(c, self.actor, self.model_config, notes=self.hooks.eval_notes)
     self.preempted = False
     self.state_is_bad = False  # a non-finite update: nothing saves this state
-    # SIGTERM (a preemption notice): checkpoint after the iteration in progress, then stop.
-    self.stop_signal = StopSignal(lambda: self.iteration)
+    # SIGTERM (a preemption notice): stop after the iteration in progress or, once iterations
+    # are long, at a turn boundary within train.stop_deadline_s (train/run_control.py).
+    self.stop_signal = StopSignal(lambda: self.iteration, c.train.stop_deadline_s, self.pool.kill)
+    self.stop_note = ""  # how a preempted run stopped (run_control.run_loop)
 
   # ------------------------------------------------------------------------------------------
   def resume(self, read_only: bool = False) -> Optional[int]:
@@ -303,6 +305,7 @@ class Trainer:
       mode=mode,
       notes=self.hooks.train_notes(specs, self.iteration),
       sampler=self.hooks.train_sampler(),
+      stop_check=self.stop_signal.check_turn,  # a preemption stop at a turn boundary
     )
 
   def reflect(self, rollout: Rollout) -> dict:

@@ -47,6 +47,19 @@ def _write(tmp_path, name="ext_method.py", text=METHOD):
   return path
 
 
+# one training iteration, no evaluation
+ONE_ITERATION = (
+  "--config.train.iterations=1",
+  "--config.train.eval_every=0",
+  "--config.train.eval_at_end=False",
+  "--no_progress",
+)
+
+
+def _records(workdir):
+  return [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
 def _launch(script, *args, timeout=900):
   return subprocess.run(
     [sys.executable, f"launch/{script}", *args], capture_output=True, text=True, timeout=timeout
@@ -111,13 +124,10 @@ def test_a_method_from_a_user_file_trains_and_evaluates(tmp_path):
     *common,
     "--config.method=ext_bonus",
     "--config.ext_bonus.bonus=2.0",
-    "--config.train.iterations=1",
-    "--config.train.eval_every=0",
-    "--config.train.eval_at_end=False",
-    "--no_progress",
+    *ONE_ITERATION,
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines() if x.strip()]
+  rows = _records(work)
   train_variations = [r for r in rows if "ext_bonus/turns" in r]
   assert train_variations and train_variations[-1]["ext_bonus/turns"] > 0
   assert train_variations[-1]["intrinsic_mean"] == pytest.approx(2.0)
@@ -169,12 +179,9 @@ def test_an_estimator_from_a_user_file_reads_its_own_key(tmp_path):
     f"--workdir={work}",
     "--config.advantage.estimator=ext_const",
     "--config.advantage.ext_const_value=1.5",
-    "--config.train.iterations=1",
-    "--config.train.eval_every=0",
-    "--config.train.eval_at_end=False",
-    "--no_progress",
+    *ONE_ITERATION,
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines() if x.strip()]
+  rows = _records(work)
   trained = [r for r in rows if "advantage_abs_mean" in r]
   assert trained and trained[-1]["advantage_abs_mean"] == pytest.approx(1.5)
