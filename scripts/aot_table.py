@@ -3,6 +3,9 @@
   python scripts/aot_table.py                 # every row (each a 7B-72B compile: minutes apiece)
   python scripts/aot_table.py --rows 7 8      # only these rows (1-based, as printed by --list)
   python scripts/aot_table.py --list          # the rows and their launch/aot.py flags
+  python scripts/aot_table.py --slices        # rows 13-60 (v4-8 / v5e-8 / v6e-8 / v5p-8) as one
+                                              # table: a line per model and training, a column
+                                              # per slice
 
 Needs libtpu (requirements-dev.txt pins the one `pip install ".[tpu]"` installs); runs on a CPU
 machine. Each row is exactly one launch/aot.py command, so a row of the table equals that
@@ -96,40 +99,97 @@ def parse(text: str) -> dict:
   return out
 
 
-def run_row(label: str, flags: str) -> tuple[str, str | None]:
-  """The row's markdown and the compiler launch/aot.py names ("libtpu X with jax Y")."""
+def output(i: int, flags: str, saved: str | None = None) -> tuple[str | None, str | None]:
+  """(launch/aot.py's stdout, None) of row i, or (None, its error's last line); with `saved`, the
+  output kept in saved/row<i>.txt instead of a compile ((None, None) where there is none)."""
+  if saved:
+    path = os.path.join(saved, f"row{i}.txt")
+    text = open(path).read() if os.path.exists(path) else ""
+    return (text, None) if "\naot program=" in text else (None, None)  # a finished report
   cmd = [sys.executable, os.path.join(ROOT, "launch", "aot.py"), *flags.split()]
   out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
   if out.returncode != 0:
-    return f"| {label} | error: {out.stderr.strip().splitlines()[-1:]} |", None
-  f = parse(out.stdout)
+    return None, (out.stderr.strip().splitlines() or ["?"])[-1]
+  return out.stdout, None
+
+
+def run_row(label: str, flags: str, text: str | None, error: str | None) -> str:
+  """The row's markdown from its output."""
+  if text is None:
+    return f"| {label} | {'error: ' + error if error else 'not compiled'} |"
+  f = parse(text)
   if f["micro"] == "?":  # a program that does not fit prints no micro-batch line
     m = re.search(r"--microbatches=(\d+)", flags)
-    f["micro"] = m.group(1) if m else "?"
-  row = (
+    f["micro"] = m.group(1) if m else "default"
+  return (
     f"| {label} | {f['topology']} ({f['chips']}) | {f['micro']} | {f['gib']} | {f['hbm']} | "
     f"{f['fits']} | {f['est_s']} | {f['mfu']} |"
   )
-  return row, f["compiler"]
+
+
+SLICE_HEADS = {
+  "v4:2x2x1": "v4-8 (`v4:2x2x1`, 4 x 32 GiB)",
+  "v5e:2x4": "v5e-8 (`v5e:2x4`, 8 x 16 GiB)",
+  "v6e:2x4": "v6e-8 (`v6e:2x4`, 8 x 32 GiB)",
+  "v5p:2x2x1": "v5p-8 (`v5p:2x2x1`, 4 x 95 GiB)",
+}
+
+
+def slice_table(cells: dict) -> str:
+  """The SLICES rows as one line per (model, training), one column per slice: per-chip GiB and
+  whether it fits. cells: {(model, training, topology): (output, error)}."""
+  lines = [
+    "| model | training | " + " | ".join(SLICE_HEADS[t] for t in SLICES) + " |",
+    "|---|---|" + "---|" * len(SLICES),
+  ]
+  for model, _ in SLICE_PRESETS:
+    for what, _ in TRAINING:
+      out = []
+      for t in SLICES:
+        text, error = cells.get((model, what, t), (None, None))
+        if text is None:
+          out.append(f"error: {error}" if error else "not compiled")
+        else:
+          f = parse(text)
+          out.append(f"{f['gib']}: {'fits' if f['fits'] == 'yes' else '**no**'}")
+      lines.append(f"| {model} | {what} | " + " | ".join(out) + " |")
+  return "\n".join(lines)
 
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--rows", type=int, nargs="*", help="1-based rows to run (default: all)")
   ap.add_argument("--list", action="store_true", help="print the rows and their flags")
+  ap.add_argument(
+    "--slices",
+    action="store_true",
+    help="the v4-8 / v5e-8 / v6e-8 / v5p-8 rows (or those of --rows) as one table: a line per "
+    "model and training, a column per slice",
+  )
+  ap.add_argument("--saved", help="read row N's launch/aot.py output from SAVED/rowN.txt")
   a = ap.parse_args()
   if a.list:
     for i, (label, flags) in enumerate(ROWS, 1):
       print(f"{i:2d}  {label}: python launch/aot.py {flags}")
     return 0
-  picks = a.rows or range(1, len(ROWS) + 1)
-  print(HEAD)
-  compilers = set()
+  first_slice = len(ROWS) - len(SLICES) * len(SLICE_PRESETS) * len(TRAINING) + 1
+  picks = a.rows or range(first_slice if a.slices else 1, len(ROWS) + 1)
+  compilers, cells = set(), {}
+  if not a.slices:
+    print(HEAD)
   for i in picks:
-    row, compiler = run_row(*ROWS[i - 1])
-    print(row, flush=True)
+    label, flags = ROWS[i - 1]
+    text, error = output(i, flags, a.saved)
+    compiler = parse(text)["compiler"] if text else None
     if compiler:
       compilers.add(compiler)
+    if a.slices:
+      model, _, what = label.split(", ")
+      cells[(model, what, re.search(r"--topology=(\S+)", flags).group(1))] = (text, error)
+    else:
+      print(run_row(label, flags, text, error), flush=True)
+  if a.slices:
+    print(slice_table(cells))
   # the table's header sentence names this (docs/aot_table.md)
   print(f"\nCompiled by {' / '.join(sorted(compilers)) or 'nothing (every row failed)'}.")
   return 0
