@@ -63,6 +63,7 @@ TRAINING = (
   ("LoRA r16", " --lora_rank=16 --param_dtype=bfloat16"),
   ("LoRA r64", " --lora_rank=64 --param_dtype=bfloat16"),
 )
+SLICE_FIRST = len(ROWS) + 1  # the first SLICES row (1-based)
 ROWS += tuple(
   (
     f"{label}, `train_step`, {what}",
@@ -71,6 +72,15 @@ ROWS += tuple(
   for label, preset in SLICE_PRESETS
   for t in SLICES
   for what, extra in TRAINING
+)
+
+# The cost probe on the LoRA row that is the point of the table (libtpu's time model gives a v4
+# train_step a time where it gives v5e and v5p none)
+ROWS += (
+  (
+    "7B, `train_step`, LoRA r16, with the cost probe",
+    f"{TS} --preset=7b --topology=v4:2x2x1 --lora_rank=16 --param_dtype=bfloat16",
+  ),
 )
 
 HEAD = (
@@ -172,8 +182,10 @@ def main() -> int:
     for i, (label, flags) in enumerate(ROWS, 1):
       print(f"{i:2d}  {label}: python launch/aot.py {flags}")
     return 0
-  first_slice = len(ROWS) - len(SLICES) * len(SLICE_PRESETS) * len(TRAINING) + 1
-  picks = a.rows or range(first_slice if a.slices else 1, len(ROWS) + 1)
+  n_slices = len(SLICES) * len(SLICE_PRESETS) * len(TRAINING)
+  picks = a.rows or (
+    range(SLICE_FIRST, SLICE_FIRST + n_slices) if a.slices else range(1, len(ROWS) + 1)
+  )
   compilers, cells = set(), {}
   if not a.slices:
     print(HEAD)
