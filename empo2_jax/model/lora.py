@@ -16,9 +16,10 @@ tree with adapters trains only them (`trainable`: the update, the optimizer stat
 checkpoint hold the adapters alone); the base stays frozen in LlamaConfig.param_dtype (bf16 is
 allowed: it is never updated). A tree without adapters is the base model: the KL reference (the
 adapters off), and what `merge` returns for export. The sampler applies the adapters unmerged:
-bench/lora_sampler.py (SmolLM2-135M, rank 16, 8 rows of 400-token prompts + 32 new tokens)
-measured a turn at 18.8 s unmerged against 22.3 s merging first (1.2 s of it the merge; a loaded
-2-core machine), and unmerged holds no second copy of the weights.
+bench/lora_sampler.py (SmolLM2-135M, rank 16, 8 rows of 400-token prompts + 32 new tokens, a
+loaded 2-core machine) timed a turn at 18.8 / 16.6 s unmerged against 22.3 / 16.4 s merging first
+(the merge 1.0-1.2 s of it): no faster either way, and unmerged holds no second copy of the
+weights.
 
 Targets use peft's module names (q_proj ... down_proj, or "all-linear": every projection in the
 decoder layers, not the output embedding, as peft's "all-linear"). peft's on-disk layout

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from empo2_jax.model import llama
+from empo2_jax.model import llama, lora
 from empo2_jax.model.configs import get_preset
 from empo2_jax.parallel import mesh as pmesh, sharding as shd
 from empo2_jax.programs import aot, train_lm
@@ -60,6 +60,23 @@ def test_rules_cover_every_param_and_keep_layer_axis_unsharded():
     assert len(spec) == 0 or spec[0] is None, name
   # every 7B param divides a (data=1, fsdp=16, tensor=4) pod slice
   shd.tree_shardings(llama.param_shapes(config), abstract_mesh(1, 16, 4))
+
+
+def test_lora_adapters_shard_as_their_weights_and_their_moments_follow():
+  """A [L, in, r] splits as its weight's input dim, B [L, r, out] as its output dim; the rank and
+  the layer axis never; a LoRA state's AdamW moments cover the adapters with the same specs."""
+  config = get_preset("7b", lora_rank=16)
+  specs = shd.tree_specs({"layers": lora.adapter_shapes(config)})["layers"]
+  base = shd.tree_specs(llama.param_shapes(config))["layers"]
+  for w in lora.TARGETS.values():
+    assert specs[f"{w}_lora_a"] == P(None, base[w][1], None), w
+    assert specs[f"{w}_lora_b"] == P(None, None, base[w][2]), w
+  shd.tree_shardings({"layers": lora.adapter_shapes(config)}, abstract_mesh(1, 16, 4))
+  opt = train_lm.make_optimizer(train_lm.LMTrainConfig())
+  state = shd.tree_specs(train_lm.abstract_train_state(get_preset("tiny", lora_rank=4), opt))
+  adam = state.opt_state[1][0]
+  assert set(adam.mu["layers"]) == {k for k in state.params["layers"] if lora.is_adapter(k)}
+  assert adam.mu["layers"] == {k: v for k, v in state.params["layers"].items() if "_lora_" in k}
 
 
 def test_optimizer_state_follows_params():
