@@ -49,8 +49,10 @@ TARGETS = {  # FFI target name -> exported handler symbol
   "empo2_prefill_attention": "Empo2PrefillAttention",
 }
 PREFILL_HEAD_DIMS = (64, 128)  # the head sizes prefill_attention has a kernel for
-# /proc/cpuinfo fields that name the CPU an -march=native build targets (x86, then Arm)
+# /proc/cpuinfo fields that name the CPU an -march=native build targets (x86, then Arm); the
+# feature lists among them are sets (sorted), the others names (words kept in order)
 CPU_FIELDS = ("vendor_id", "model name", "flags", "CPU implementer", "CPU part", "Features")
+FEATURE_FIELDS = ("flags", "Features")
 _ERROR: list[str] = []
 log = logging.getLogger("empo2_jax")
 
@@ -77,7 +79,8 @@ def host_cpu() -> str:
     for line in info.splitlines():
       name, _, value = line.partition(":")
       if name.strip() == field:
-        lines.append(f"{field}: {' '.join(sorted(value.split()))}")
+        words = value.split()
+        lines.append(f"{field}: {' '.join(sorted(words) if field in FEATURE_FIELDS else words)}")
         break
   return "\n".join(lines)
 
