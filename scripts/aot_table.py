@@ -83,6 +83,23 @@ ROWS += (
   ),
 )
 
+# 7B with LoRA rank 16 on a v5e-8 and a v4-8 at the config's sizes (docs/tpu.md, step 4): the
+# update at the longest turn sample (optim.max_prompt_len 8160 + 32 new tokens), the sampler's
+# decode loop and prefill chunk for every episode of an iteration (16 x 8 rows, 8192 + 1024 slots)
+LORA7 = "--preset=7b --lora_rank=16 --param_dtype=bfloat16 --no_cost_probe"
+ROWS += tuple(
+  (
+    f"7B, `{prog}`, LoRA r16, {shape}",
+    f"--program={prog} --batch=128 --seq={seq} {LORA7} --topology={t}",
+  )
+  for t in ("v5e:2x4", "v4:2x2x1")
+  for prog, seq, shape in (
+    ("train_step", 8192, "default config"),
+    ("sampler", 9216, "128 rows x 9216 slots"),
+    ("sampler_prefill", 9216, "128 rows x 9216 slots"),
+  )
+)
+
 HEAD = (
   "| preset | topology (chips) | micro-batches | per-chip GiB | HBM GiB | fits | est. step s | "
   "est. MFU |\n|---|---|---|---|---|---|---|---|"
@@ -126,7 +143,8 @@ def output(i: int, flags: str, saved: str | None = None) -> tuple[str | None, st
 def run_row(label: str, flags: str, text: str | None, error: str | None) -> str:
   """The row's markdown from its output."""
   if text is None:
-    return f"| {label} | {'error: ' + error if error else 'not compiled'} |"
+    topology = re.search(r"--topology=(\S+)", flags).group(1)
+    return f"| {label} | {topology} | {'error: ' + error if error else 'not compiled'} |"
   f = parse(text)
   if f["micro"] == "?":  # a program that does not fit prints no micro-batch line
     m = re.search(r"--microbatches=(\d+)", flags)
