@@ -99,6 +99,16 @@ ROWS += tuple(
     ("sampler_prefill", 9216, "128 rows x 9216 slots"),
   )
 )
+# ... and the sampler for 64 rows (rollout.variations_per_iter 8 x group_size 8), which a
+# v5e-8 or v4-8 holds where it cannot hold 128 (the cache is 8.4 GiB a chip at 128 rows on a v5e-8)
+ROWS += tuple(
+  (
+    f"7B, `{prog}`, LoRA r16, 64 rows x 9216 slots",
+    f"--program={prog} --batch=64 --seq=9216 {LORA7} --topology={t}",
+  )
+  for t in ("v5e:2x4", "v4:2x2x1")
+  for prog in ("sampler", "sampler_prefill")
+)
 
 HEAD = (
   "| preset | topology (chips) | micro-batches | per-chip GiB | HBM GiB | fits | est. step s | "

@@ -190,8 +190,11 @@ def _leaf_sums(leaves):
   out = []
   for x in leaves:
     width = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
-    bits = jax.lax.bitcast_convert_type(x, width).reshape(-1).astype(jnp.uint32)
-    i = jnp.arange(bits.shape[0], dtype=jnp.uint32)
+    bits = jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32)
+    i, stride = jnp.zeros(x.shape, jnp.uint32), 1  # each element's flat index, mod 2^32, built
+    for d in reversed(range(x.ndim)):  # from iotas: no reshape that would gather a sharded leaf
+      i = i + jax.lax.broadcasted_iota(jnp.uint32, x.shape, d) * jnp.uint32(stride % 2**32)
+      stride *= x.shape[d]
     mix = i * jnp.uint32(2654435761) + jnp.uint32(1)  # Knuth's multiplicative hash of the index
     out.append(jnp.stack([jnp.sum(bits * mix), jnp.sum(bits ^ (i * jnp.uint32(40503)))]))
   return out
