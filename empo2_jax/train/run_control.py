@@ -143,7 +143,7 @@ def long_iterations(c, seconds: Optional[float]) -> bool:
   """Whether SIGTERM stops at a turn boundary and every iteration is checkpointed: stop_at=turn,
   or auto once an iteration took longer than stop_deadline_s (`seconds`: the last one's, None
   when none is known). One process only: a pod's hosts stop after the same iteration."""
-  if c.train.stop_at == "iteration" or jax.process_count() > 1:
+  if jax.process_count() > 1 or c.train.stop_at == "iteration":
     return False
   return c.train.stop_at == "turn" or (
     seconds is not None and seconds > float(c.train.stop_deadline_s)
