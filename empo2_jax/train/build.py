@@ -145,9 +145,14 @@ def checkpoint_path(c) -> str:
 
 
 def lora_overrides(c) -> dict:
-  """The LlamaConfig fields of config.model's LoRA keys."""
+  """The LlamaConfig fields of config.model's LoRA keys (a config saved before they existed:
+  full fine-tuning)."""
   m = c.model
-  return dict(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets)
+  return dict(
+    lora_rank=m.get("lora_rank", 0),
+    lora_alpha=m.get("lora_alpha", 16.0),
+    lora_targets=m.get("lora_targets", "all-linear"),
+  )
 
 
 def model_fields(c) -> dict:

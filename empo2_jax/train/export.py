@@ -101,17 +101,18 @@ def model_config(c):
   from empo2_jax.model import hf
   from empo2_jax.train import build
 
+  kw = dict(param_dtype=c.model.param_dtype, **build.lora_overrides(c))
   if not c.model.checkpoint:
-    return model_configs.get_preset(c.model.preset, param_dtype=c.model.param_dtype)
+    return model_configs.get_preset(c.model.preset, **kw)
   path = build.checkpoint_path(c)
   if hf.is_gguf(path):
     from empo2_jax.model import gguf
 
     with gguf.open_gguf(path) as reader:
       names, meta = [t.name for t in reader.tensors], gguf.metadata(reader)
-    return gguf.config_from_metadata(meta, names, param_dtype=c.model.param_dtype)
+    return gguf.config_from_metadata(meta, names, **kw)
   text = (epath.Path(path) / "config.json").read_text()
-  return model_configs.LlamaConfig.from_hf_dict(json.loads(text), param_dtype=c.model.param_dtype)
+  return model_configs.LlamaConfig.from_hf_dict(json.loads(text), **kw)
 
 
 def with_lora_base(c, adapters: dict, meta: dict, where: str):
@@ -151,14 +152,14 @@ def export_run(
     raise UserError("the checkpoint's meta has no config", where, "re-save it")
   c = ml_collections.ConfigDict(meta["config"])
   adapters = lora.split(params)[0]
-  if adapters:  # a LoRA run: the base stayed where its model.checkpoint points
+  if adapters and "embed" not in params:  # a LoRA run's: the base where model.checkpoint points
     config, params = with_lora_base(c, adapters, meta, where)
-    if peft_out:
-      hf.save_lora_adapters(peft_out, config, params, base_model=c.model.checkpoint)
-  elif peft_out:
-    raise UserError("not a LoRA run: no adapters to write", where, "leave --peft_adapters out")
-  else:
+  else:  # full fine-tuning, or an SFT checkpoint (it holds its base beside the adapters)
     config = model_config(c)
+  if peft_out and not adapters:
+    raise UserError("not a LoRA run: no adapters to write", where, "leave --peft_adapters out")
+  if peft_out:
+    hf.save_lora_adapters(peft_out, config, params, base_model=c.model.checkpoint)
   hf.save_checkpoint(out, config, params)
   tokenizer = build.tokenizer(c)
   with remote.writable_dir(out) as local:  # gs://: a temp dir, uploaded, then removed
