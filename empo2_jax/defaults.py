@@ -115,7 +115,7 @@ def get_config(arg=None):
     low_prob_delta=-5.0,
     policy_loss="ppo_clip",  # a name in rl/losses.POLICY_LOSSES
   )
-  # The registered loss terms' keys (rl/loss_terms.py): ctx_kl_coef / ctx_kl_clip (on-policy
+  # The registered loss terms' keys (rl/loss_terms.py, rl/teacher_terms.py): ctx_kl_coef (on-policy
   # context distillation), opid_coef (OPID's hindsight token advantage), and any a user registers
   for k, v in loss_terms.default_keys().items():
     if k not in c.loss:

@@ -5,7 +5,7 @@ policy samples WITHOUT tips while the tips a memory step would show are retrieve
 tip-free chat with the tips retrieved at that step shown in its last user message (one block, as
 the step's own memory lookup would show it; earlier steps' blocks are left out, which keeps the
 teacher prompt within optim.max_prompt_len), and the loss adds the per-token reverse KL
-KL(pi(.|s) || pi_old(.|s, tips)) (rl/loss_terms.ctx_kl, weight loss.ctx_kl_coef) to GRPO's
+KL(pi(.|s) || pi_old(.|s, tips)) (rl/teacher_terms.ctx_kl, weight loss.ctx_kl_coef) to GRPO's
 term. Iterations without memory are plain on-policy updates. The teacher is the same model,
 without gradient, at the weights the update starts from.
 

@@ -3,7 +3,7 @@ arXiv 2606.26790). Sampling stays tip-free in every iteration. After the episode
 the rule reflector) writes its tip; each turn's teacher view is its own chat with that tip shown
 in the turn's last user message, and the update adds, per response token,
 opid_coef * (log pi_old(a | s, hindsight tip) - log pi_old(a | s)) to GRPO's advantage
-(rl/loss_terms.opid, weight loss.opid_coef) before the clipped surrogate.
+(rl/teacher_terms.opid, weight loss.opid_coef) before the clipped surrogate.
 
   opid.enabled   on while the method runs (the registry entry sets it)
 """

@@ -8,9 +8,10 @@ and may add token-level advantage terms to the advantages before the policy loss
     def toy(x: TermInputs, cfg) -> tuple[value, metrics]: ...   # value: a scalar, aggregated
     loss, metrics = add_terms(pg_loss, metrics, inputs, cfg)    # pg + sum(coef * value)
 
-A term's config keys live in the `loss` section (defaults.py adds every registered term's keys
-with their defaults; rl/losses.LossConfig keeps them in `terms`); its coefficient is the first
-key. A term is logged (under its name) whenever the inputs it needs are present and added to the
+The terms that read a teacher view (ctx_kl, opid) live in rl/teacher_terms.py; importing
+`empo2_jax.rl` registers every built-in term. A term's config keys live in the `loss` section
+(defaults.py adds every registered term's keys with their defaults; rl/losses.LossConfig keeps
+them in `terms`); its coefficient is the first key. A term is logged (under its name) whenever the inputs it needs are present and added to the
 loss when its coefficient is not 0. A nonzero coefficient without its inputs is an error, except
 for an `optional` term (the teacher terms: a batch without any teacher view, e.g. an iteration
 whose memory had nothing to retrieve, simply has nothing to distil).
@@ -22,7 +23,17 @@ Inputs (TermInputs), per token `[N, R]` over N turn samples and R response token
   ref_logp      the reference policy's log-probs or None (loss.kl_coef)
   teacher_logp  the same tokens under the teacher view (the prompt WITH tips; no gradient) or None
   teacher_mask  1 on the tokens of samples that have a teacher view, or None
+  stats         mini-batch scalars from the terms' `stats` functions (`slot_stats`), or None
 Numerics as rl/losses.py: `where` before `exp`; masked positions may hold anything.
+
+Micro-batching: the update cuts a mini-batch into micro-batches and sums their gradients, so a
+term must give the same gradient however the mini-batch is cut. Per-token sums divided by
+mini-batch counts do (`token_denom`, `seq_denom`); anything else a term needs from the whole
+mini-batch (a baseline, a normaliser, its own token count) comes from its `stats` function, which
+the update runs once over the whole mini-batch before the micro-batches (`slot_stats`; inputs
+without gradient only: old_logp, mask, adv, teacher_logp, teacher_mask). A term's `check`
+validates its config values (`check_values`, called where the loss settings are built), so a bad
+value fails before anything runs, naming its key.
 """
 
 from __future__ import annotations
@@ -34,8 +45,6 @@ import jax
 import jax.numpy as jnp
 
 from empo2_jax.rl import losses
-
-_MAX_LOG_RATIO = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +60,14 @@ class TermInputs:
   teacher_mask: Optional[Any] = None
   token_denom: Optional[Any] = None
   seq_denom: Optional[Any] = None
+  stats: Optional[Mapping[str, Any]] = None
+
+  def stat(self, name: str, compute: Callable):
+    """A mini-batch statistic: stats[name] when the update computed it over the whole
+    mini-batch (slot_stats), else compute() over these inputs (one micro-batch = the batch)."""
+    if self.stats is not None and name in self.stats:
+      return self.stats[name]
+    return compute()
 
   def mean(self, x_nr, mask=None):
     """x aggregated as the loss is (loss.agg, the mini-batch denominators).
@@ -84,6 +101,10 @@ class Term:
   sign: float = 1.0  # loss += sign * coef * value
   kind: str = "loss"  # "loss" (added to the loss) or "advantage" (added to the advantages)
   optional: bool = False  # True: absent inputs make the term a no-op, not an error
+  # stats(TermInputs over the whole mini-batch, cfg) -> {name: scalar}, no gradient (slot_stats)
+  stats: Optional[Callable] = None
+  # check(values: {key: value} of its config keys) -> None; ValueError naming the key
+  check: Optional[Callable] = None
 
   @property
   def coef_key(self) -> str:
@@ -93,17 +114,24 @@ class Term:
 TERMS: dict[str, Term] = {}
 
 
-def _register(name, fn, keys, needs, sign, kind, optional):
+def _register(name, fn, keys, needs, sign, kind, optional, stats, check):
   if name in TERMS:
     raise ValueError(f"loss term {name!r} is already registered")
   if not keys:
     raise ValueError(f"loss term {name!r}: give its config keys (the first is its coefficient)")
-  TERMS[name] = Term(name, fn, dict(keys), tuple(needs), sign, kind, optional)
+  TERMS[name] = Term(name, fn, dict(keys), tuple(needs), sign, kind, optional, stats, check)
   return fn
 
 
 def register_loss_term(
-  name: str, *, keys: Mapping[str, Any], needs=(), sign: float = 1.0, optional: bool = False
+  name: str,
+  *,
+  keys: Mapping[str, Any],
+  needs=(),
+  sign: float = 1.0,
+  optional: bool = False,
+  stats: Optional[Callable] = None,
+  check: Optional[Callable] = None,
 ):
   """Decorator: registers fn(TermInputs, LossConfig) -> (scalar, metrics) as a loss term.
 
@@ -113,28 +141,59 @@ def register_loss_term(
     needs: the TermInputs fields it reads beyond the always-present ones.
     sign: the term is added to the loss as sign * coef * scalar.
     optional: True: absent inputs make the term a no-op, not an error.
+    stats: fn(TermInputs, LossConfig) -> {name: scalar}: mini-batch statistics (module
+      docstring), read back with TermInputs.stat.
+    check: fn({key: value}) -> None raising ValueError on a bad value of its keys.
   Returns:
     A decorator that registers fn and returns it unchanged.
   """
-  return lambda fn: _register(name, fn, keys, needs, sign, "loss", optional)
+  return lambda fn: _register(name, fn, keys, needs, sign, "loss", optional, stats, check)
 
 
 def register_advantage_term(
-  name: str, *, keys: Mapping[str, Any], needs=(), optional: bool = False
+  name: str,
+  *,
+  keys: Mapping[str, Any],
+  needs=(),
+  optional: bool = False,
+  stats: Optional[Callable] = None,
+  check: Optional[Callable] = None,
 ):
-  """Decorator: registers fn(TermInputs, LossConfig) -> [N, R] token advantages as a term.
+  """Decorator: registers fn(TermInputs, LossConfig) -> ([N, R] token advantages, metrics) as a
+  term.
 
-  The output (no gradient) is added as coef * that to the advantages the policy loss reads.
+  The advantages (no gradient) are added as coef * that to the advantages the policy loss reads;
+  the metrics are logged.
 
   Args:
     name: the term's name; must not be registered yet.
     keys: its `loss` config keys -> defaults; the first is its coefficient.
     needs: the TermInputs fields it reads beyond the always-present ones.
     optional: True: absent inputs make the term a no-op, not an error.
+    stats: as for register_loss_term.
+    check: as for register_loss_term.
   Returns:
     A decorator that registers fn and returns it unchanged.
   """
-  return lambda fn: _register(name, fn, keys, needs, 1.0, "advantage", optional)
+  return lambda fn: _register(name, fn, keys, needs, 1.0, "advantage", optional, stats, check)
+
+
+def check_values(loss: Mapping[str, Any]) -> None:
+  """Every registered term's check on its config values (`loss`: the loss section's key ->
+  value; a key that is absent has its default); ValueError naming the key."""
+  for t in TERMS.values():
+    if t.check is not None:
+      t.check({k: loss.get(k, default) for k, default in t.keys.items()})
+
+
+def slot_stats(x: TermInputs, cfg) -> dict:
+  """The mini-batch statistics of every term that has a `stats` function and whose inputs are
+  present, computed over `x`: the whole mini-batch (module docstring)."""
+  out: dict = {}
+  for t in TERMS.values():
+    if t.stats is not None and _present(t, x):
+      out.update(t.stats(x, cfg))
+  return out
 
 
 def default_keys() -> dict:
@@ -179,7 +238,7 @@ def needs_input(cfg, name: str) -> bool:
 
 
 def token_advantages(x: TermInputs, cfg):
-  """The advantages with every active advantage term added.
+  """The advantages with every active advantage term added, and the terms' metrics.
 
   A term is active when its coefficient is nonzero and, for an optional term, its inputs are
   present; a non-optional active term without its inputs is a ValueError.
@@ -188,9 +247,9 @@ def token_advantages(x: TermInputs, cfg):
     x: TermInputs; x.adv is [N] or [N, R], x.logp [N, R].
     cfg: LossConfig.
   Returns:
-    [N, R] advantages when a term is active, else x.adv unchanged.
+    ([N, R] advantages when a term is active, else x.adv unchanged; the active terms' metrics).
   """
-  adv = x.adv
+  adv, metrics = x.adv, {}
   for t in TERMS.values():
     coef = value(cfg, t.coef_key)
     if t.kind != "advantage" or not coef or (t.optional and not _present(t, x)):
@@ -198,8 +257,23 @@ def token_advantages(x: TermInputs, cfg):
     if not _present(t, x):
       raise ValueError(f"loss.{t.coef_key} > 0 needs {', '.join(t.needs)} in the batch")
     base = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, x.logp.shape)
-    adv = base + coef * jax.lax.stop_gradient(t.fn(x, cfg))
-  return adv
+    added, met = t.fn(x, cfg)
+    added = coef * jax.lax.stop_gradient(added)
+    metrics.update(met)
+    metrics.update(_added_metrics(t.name, added, base, x))
+    adv = base + added
+  return adv, metrics
+
+
+def _added_metrics(name: str, added, base, x: TermInputs) -> dict:
+  """The size of an advantage term's addition over the loss's tokens: {name}/abs_added (mean
+  |added|) and {name}/abs_adv (mean |advantage before it|), token means over the mini-batch (their
+  ratio is the addition's size against the advantage it joins)."""
+  sg = jax.lax.stop_gradient
+  return {
+    f"{name}/abs_added": x.token_mean(jnp.abs(sg(added))),
+    f"{name}/abs_adv": x.token_mean(jnp.abs(sg(base))),
+  }
 
 
 def add_terms(pg_loss, metrics: dict, x: TermInputs, cfg) -> tuple[Any, dict]:
@@ -236,8 +310,21 @@ def add_terms(pg_loss, metrics: dict, x: TermInputs, cfg) -> tuple[Any, dict]:
 
 
 # ---------------------------------------------------------------------------------- the terms
+def nonneg(key: str):
+  """A term check: ValueError unless loss.<key> >= 0."""
+
+  def check(values):
+    if not values[key] >= 0:
+      raise ValueError(f"loss.{key}={values[key]!r} must be >= 0")
+
+  return check
+
+
 @register_loss_term(
-  "kl_ref", keys={"kl_coef": 0.0, "kl_estimator": "low_var_kl"}, needs=("ref_logp",)
+  "kl_ref",
+  keys={"kl_coef": 0.0, "kl_estimator": "low_var_kl"},
+  needs=("ref_logp",),
+  check=nonneg("kl_coef"),
 )
 def kl_ref(x: TermInputs, cfg):
   """KL(pi || reference) per token (rl/losses.kl_penalty, loss.kl_estimator).
@@ -264,67 +351,6 @@ def entropy(x: TermInputs, cfg):
   return x.mean(x.entropy), {}
 
 
-@register_loss_term(
-  "ctx_kl",
-  keys={"ctx_kl_coef": 0.0, "ctx_kl_clip": 10.0, "ctx_kl_baseline": True},
-  needs=("teacher_logp", "teacher_mask"),
-  optional=True,
-)
-def ctx_kl(x: TermInputs, cfg):
-  """On-policy context distillation (docs/methods.md, "Memory into weights").
-
-  The reverse KL KL(pi(.|s) || pi_old(.|s, tips)) estimated on the sampled tokens. Its gradient
-  is the score function E_pi[(log pi - log pi_tips) grad log pi]; with samples from pi_old the
-  token weight is the ratio r = pi / pi_old, so the surrogate per token is
-  r * stop_gradient(d - b), d = log pi - log pi_tips clipped to +-loss.ctx_kl_clip. With
-  loss.ctx_kl_baseline, b is the mean of d over the micro-batch's teacher tokens (E[grad log pi]
-  = 0, so a baseline leaves the gradient's expectation unchanged and lowers its variance: without
-  it every sampled token the teacher finds less likely is pushed down, and the mass leaks to
-  tokens nobody sampled); else b = 0. Only tokens with a teacher view count.
-
-  Args:
-    x: TermInputs (logp, old_logp, mask, teacher_logp, teacher_mask, all [N, R]).
-    cfg: LossConfig (terms ctx_kl_clip, ctx_kl_baseline).
-  Returns:
-    (value, metrics): the surrogate aggregated as the loss is, a scalar (its gradient is the
-    KL's); metrics ctx_kl_k1 (the KL estimate) and ctx_kl_tokens (the share of the loss's tokens
-    with a teacher view).
-  """
-  m = (x.mask > 0) & (x.teacher_mask > 0)
-  clip = value(cfg, "ctx_kl_clip")
-  d = jnp.where(m, x.logp - x.teacher_logp, 0.0)
-  dc = jax.lax.stop_gradient(jnp.clip(d, -clip, clip))
-  if value(cfg, "ctx_kl_baseline"):
-    dc = jnp.where(m, dc - jnp.sum(dc) / jnp.maximum(jnp.sum(m), 1), 0.0)
-  log_ratio = jnp.clip(jnp.where(m, x.logp - x.old_logp, 0.0), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-  surrogate = jnp.exp(log_ratio) * dc
-  tokens = m.astype(jnp.float32)
-  met = {
-    "ctx_kl_k1": x.token_mean(jax.lax.stop_gradient(d)),
-    "ctx_kl_tokens": x.token_mean(tokens),  # share of the loss's tokens with a teacher view
-  }
-  return x.mean(jnp.where(m, surrogate, 0.0)), met
-
-
-@register_advantage_term(
-  "opid", keys={"opid_coef": 0.0}, needs=("teacher_logp", "teacher_mask"), optional=True
-)
-def opid(x: TermInputs, cfg):
-  """OPID's hindsight token advantage (docs/methods.md).
-
-  Per token, log pi_old(a | s, hindsight tip) - log pi_old(a | s), where the teacher view carries
-  the hindsight tip.
-
-  Args:
-    x: TermInputs (old_logp, mask, teacher_logp, teacher_mask, all [N, R]).
-    cfg: LossConfig.
-  Returns:
-    [N, R] float32 token advantages; 0 on samples without a teacher view and on masked tokens.
-  """
-  m = (x.mask > 0) & (x.teacher_mask > 0)
-  return jnp.where(m, x.teacher_logp - x.old_logp, 0.0)
-
-
 __all__ = [
   "TermInputs",
   "Term",
@@ -332,6 +358,9 @@ __all__ = [
   "register_loss_term",
   "register_advantage_term",
   "default_keys",
+  "check_values",
+  "nonneg",
+  "slot_stats",
   "value",
   "needs_input",
   "token_advantages",

@@ -168,14 +168,15 @@ def ratio_measures(x, adv, cfg) -> dict:
   }
 
 
-def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, setup):
+def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, setup, stats=None):
   """The policy loss (docs/method.md §5; cfg.loss.policy_loss) of one micro-batch d, leaves [mb,
   ...]: cur_tokens / cur_attn [mb, L], cur_starts [mb, T], old_logp / mask (the low-prob-masked
   response mask) / resp_mask [mb, T, R], advantages [mb, T], and where present
   token_temperature [mb, T, R], shaping_gamma [mb, T], ref_logp [mb, T, R], teacher_logp [mb,
   T, R] and teacher_mask [mb, T]. Its turns are read as mb * T samples, summed over the
   mini-batch denominators token_denom / seq_denom (scalars), so micro-batch losses add up to the
-  mini-batch's. The loss is the policy loss (cfg.loss.policy_loss, on the advantages with any
+  mini-batch's; `stats` are the loss terms' mini-batch statistics (rl/loss_terms.slot_stats; None:
+  computed over d). The loss is the policy loss (cfg.loss.policy_loss, on the advantages with any
   advantage term added) plus the loss terms (rl/loss_terms.add_terms). Returns (scalar loss,
   metrics): the loss's and terms' metrics, ratio_measures' sums and the _diff_ sums of |log-prob
   - old log-prob| over every real response token."""
@@ -218,8 +219,9 @@ def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, setup
     teacher_mask=flat(teacher_mask),
     token_denom=token_denom,
     seq_denom=seq_denom,
+    stats=stats,
   )
-  adv = loss_terms.token_advantages(x, lcfg)  # advantage terms (OPID's) added per token
+  adv, adv_met = loss_terms.token_advantages(x, lcfg)  # advantage terms (OPID's) added per token
   pg, met = get_policy_loss(lcfg.policy_loss)(
     x.logp,
     x.old_logp,
@@ -230,19 +232,19 @@ def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, setup
     token_denom=token_denom,
     seq_denom=seq_denom,
   )
-  loss, met = loss_terms.add_terms(pg, met, x, lcfg)
+  loss, met = loss_terms.add_terms(pg, {**met, **adv_met}, x, lcfg)
   met.update(ratio_measures(x, adv, lcfg))
   return loss, {**met, **diff_met}
 
 
-def _rest_loss(rest, acc, *, layers, d, token_denom, seq_denom, setup):
+def _rest_loss(rest, acc, *, layers, d, token_denom, seq_denom, setup, stats):
   """minibatch_loss as a function of the params but the layers (`rest`) and the layers'
   gradient accumulator `acc`, the layers themselves held fixed (micro_batch_grads, fused)."""
   params = {**rest, "layers": layers}
-  return minibatch_loss(params, d, token_denom, seq_denom, acc, setup=setup)
+  return minibatch_loss(params, d, token_denom, seq_denom, acc, setup=setup, stats=stats)
 
 
-def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, setup):
+def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, setup, stats=None):
   """One micro-batch's contribution to its mini-batch's gradient: d (leaves [mb, ...], as
   minibatch_loss reads them) -> (grads + the gradient of minibatch_loss over `params`, the loss's
   metrics); grads is the float32 accumulator shaped like what the update trains (lora.trainable:
@@ -261,25 +263,52 @@ def micro_batch_grads(params, d, grads, token_denom, seq_denom, *, setup):
       token_denom=token_denom,
       seq_denom=seq_denom,
       setup=setup,
+      stats=stats,
     )
     fused_grad = jax.value_and_grad(rest_loss, argnums=(0, 1), has_aux=True)
     (_, met), (g_rest, acc) = fused_grad(rest, grads["layers"])
     return {**_add({k: grads[k] for k in g_rest}, g_rest), "layers": acc}, met
 
   def loss_fn(train):  # the frozen part (LoRA's base) is a constant: no gradient is formed
-    return minibatch_loss(lora.join(train, frozen), d, token_denom, seq_denom, setup=setup)
+    return minibatch_loss(
+      lora.join(train, frozen), d, token_denom, seq_denom, setup=setup, stats=stats
+    )
 
   (_, met), g = jax.value_and_grad(loss_fn, has_aux=True)(train)
   return _add(grads, g), met
 
 
-def _accumulate(j, carry, *, params, d, token_denom, seq_denom, setup):
+def _accumulate(j, carry, *, params, d, token_denom, seq_denom, setup, stats):
   """Loop body of minibatch_step: micro-batch j of d ([n_micro, mb, ...] leaves) added into the
   carry (float32 gradient accumulator, summed metrics)."""
   grads, met_sum = carry
   dj = constrain(index_tree(d, j), setup.batch_sharding)
-  grads, met = micro_batch_grads(params, dj, grads, token_denom, seq_denom, setup=setup)
+  grads, met = micro_batch_grads(
+    params, dj, grads, token_denom, seq_denom, setup=setup, stats=stats
+  )
   return grads, combine_metrics(met_sum, met)
+
+
+def slot_stats(d, setup) -> dict:
+  """The loss terms' statistics over a whole mini-batch slot d (leaves [n_micro, mb, ...]; the
+  inputs without gradient: old_logp, mask, advantages, teacher_logp, teacher_mask), computed once
+  before its micro-batches (rl/loss_terms.slot_stats): what makes a term's gradient the same
+  however the slot is cut into micro-batches."""
+  teacher_mask = d.get("teacher_mask")
+  if teacher_mask is not None:  # [n, mb, T] -> [n, mb, T, R]
+    teacher_mask = jnp.broadcast_to(teacher_mask[..., None], d["mask"].shape)
+  r = d["mask"].shape[-1]
+  flat = lambda x: None if x is None else x.reshape(-1, r)  # noqa: E731  every turn a row
+  x = loss_terms.TermInputs(
+    logp=None,
+    old_logp=flat(d["old_logp"]),
+    mask=flat(d["mask"]),
+    adv=d["advantages"].reshape((-1,) + d["advantages"].shape[3:]),
+    agg=setup.cfg.loss.agg,
+    teacher_logp=flat(d.get("teacher_logp")),
+    teacher_mask=flat(teacher_mask),
+  )
+  return loss_terms.slot_stats(x, setup.cfg.loss)
 
 
 def minibatch_step(state, d, *, setup):
@@ -294,8 +323,11 @@ def minibatch_step(state, d, *, setup):
   mask = d["mask"]
   token_denom = jnp.sum(mask)
   seq_denom = jnp.sum(jnp.any(mask > 0, axis=-1))
+  stats = slot_stats(d, setup)
   met_shape = jax.eval_shape(
-    lambda: minibatch_loss(state.params, index_tree(d, 0), token_denom, seq_denom, setup=setup)[1]
+    lambda: minibatch_loss(
+      state.params, index_tree(d, 0), token_denom, seq_denom, setup=setup, stats=stats
+    )[1]
   )
   train, frozen = lora.trainable(state.params)  # LoRA: the adapters; else every weight
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train)
@@ -307,6 +339,7 @@ def minibatch_step(state, d, *, setup):
     token_denom=token_denom,
     seq_denom=seq_denom,
     setup=setup,
+    stats=stats,
   )
   # A micro-batch without response tokens adds exactly zero to every sum: skipped.
   grads, met = nonempty_loop(any_after_first(mask > 0), micro, (zeros, met0))

@@ -11,6 +11,7 @@ from empo2_jax.config_keys import by_name
 from empo2_jax.methods.empo2 import intrinsic_kind
 from empo2_jax.rl import advantages as adv_lib
 from empo2_jax.rl import batch as batch_lib
+from empo2_jax.rl import loss_terms
 from empo2_jax.rl import minibatch as minibatch_lib
 from empo2_jax.rl import update as update_lib
 from empo2_jax.rl.losses import LossConfig
@@ -21,6 +22,7 @@ def loss_config(c) -> LossConfig:
   keys (rl/loss_terms.py) in LossConfig.terms."""
   fields = {f.name for f in dataclasses.fields(LossConfig)} - {"terms"}
   terms = tuple(sorted((k, c.loss[k]) for k in c.loss.keys() if k not in fields))
+  loss_terms.check_values({k: c.loss[k] for k in c.loss.keys()})  # each term checks its keys
   return LossConfig(**{k: c.loss[k] for k in c.loss.keys() if k in fields}, terms=terms)
 
 

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from empo2_jax.model import llama
-from empo2_jax.rl import loss_terms, losses
+from empo2_jax.rl import loss_terms, losses, teacher_terms
 from empo2_jax.rl import update_grads as ug
 from empo2_jax.rl import update_steps as steps
 from empo2_jax.rl.update import init_train_state, make_update_fn
@@ -57,30 +57,49 @@ def term_inputs(logp, old, teacher, mask, tmask, adv):
 
 @pytest.mark.parametrize("baseline", [False, True])
 def test_ctx_kl_value_gradient_and_estimate_match_numpy(baseline):
+  """The surrogate is averaged over the teacher tokens (not the loss's tokens: its weight does
+  not shrink with the share of samples that have a teacher view), the baseline is the old
+  policy's clipped log-ratio averaged over the teacher tokens, the estimate is over them too."""
   logp, old, teacher, mask, tmask, adv = inputs(0)
   teacher[0, 0] = logp[0, 0] - 30.0  # beyond the clip
   cfg = terms_cfg(ctx_kl_coef=0.7, ctx_kl_clip=10.0, ctx_kl_baseline=baseline)
   m = (mask > 0) & (tmask > 0)
+  assert 0 < m.sum() < mask.sum()  # some tokens without a teacher view
   d = np.clip(logp - teacher, -10, 10)
   if baseline:
-    d = d - d[m].mean()
-  want = np.sum(np.where(m, np.exp(logp - old) * d, 0)) / mask.sum()
-  want_grad = np.where(m, np.exp(logp - old) * d, 0) / mask.sum()  # d is held fixed
-  want_k1 = np.sum(np.where(m, logp - teacher, 0)) / mask.sum()  # the estimate: never centred
+    d = d - np.clip(old - teacher, -10, 10)[m].mean()
+  want = np.sum(np.where(m, np.exp(logp - old) * d, 0)) / m.sum()
+  want_grad = np.where(m, np.exp(logp - old) * d, 0) / m.sum()  # d is held fixed
+  want_k1 = np.sum(np.where(m, logp - teacher, 0)) / m.sum()  # the estimate: never centred
 
   def f(lp):
     x = dataclasses.replace(term_inputs(logp, old, teacher, mask, tmask, adv), logp=lp)
-    return loss_terms.ctx_kl(x, cfg)
+    return teacher_terms.ctx_kl(x, cfg)
 
   (value, met), g = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
   np.testing.assert_allclose(value, want, rtol=1e-5)
   np.testing.assert_allclose(g, want_grad, rtol=1e-4, atol=1e-7)
   np.testing.assert_allclose(met["ctx_kl_k1"], want_k1, rtol=1e-5)
+  np.testing.assert_allclose(met["ctx_kl_tokens"], m.sum() / mask.sum(), rtol=1e-6)
   # composed: the loss gains coef * value, the metric is logged
   x = term_inputs(logp, old, teacher, mask, tmask, adv)
   total, mets = loss_terms.add_terms(jnp.float32(1.5), {}, x, cfg)
   np.testing.assert_allclose(total, 1.5 + 0.7 * want, rtol=1e-5)
   assert {"ctx_kl", "ctx_kl_k1", "loss"} <= set(mets)
+
+
+def test_ctx_kl_weight_does_not_shrink_with_the_teacher_share():
+  """Samples without a teacher view added to a batch leave the term's value as it was."""
+  logp, old, teacher, mask, tmask, adv = inputs(4)
+  tmask[:] = 1.0
+  cfg = terms_cfg(ctx_kl_coef=1.0)
+  one = teacher_terms.ctx_kl(term_inputs(logp, old, teacher, mask, tmask, adv), cfg)[0]
+  cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
+  doubled = term_inputs(
+    cat(logp, logp), cat(old, old), cat(teacher, teacher), cat(mask, mask),
+    cat(tmask, 0 * tmask), cat(adv, adv),
+  )  # fmt: skip
+  np.testing.assert_allclose(teacher_terms.ctx_kl(doubled, cfg)[0], one, rtol=1e-6)
 
 
 def test_terms_without_their_inputs():
@@ -92,19 +111,31 @@ def test_terms_without_their_inputs():
   )
   loss, met = loss_terms.add_terms(jnp.float32(0.5), {}, x, terms_cfg(ctx_kl_coef=1.0))
   assert float(loss) == 0.5 and "ctx_kl" not in met
-  assert loss_terms.token_advantages(x, terms_cfg(opid_coef=1.0)) is x.adv
+  adv_out, adv_met = loss_terms.token_advantages(x, terms_cfg(opid_coef=1.0))
+  assert adv_out is x.adv and adv_met == {}
   with pytest.raises(ValueError, match="kl_coef"):
     loss_terms.add_terms(jnp.float32(0), {}, x, dataclasses.replace(terms_cfg(), kl_coef=0.1))
 
 
-def test_opid_token_advantage_matches_numpy_and_feeds_the_surrogate():
+@pytest.mark.parametrize("norm", ["none", "std"])
+def test_opid_token_advantage_matches_numpy_and_feeds_the_surrogate(norm):
   logp, old, teacher, mask, tmask, adv = inputs(2)
-  cfg = terms_cfg(opid_coef=0.5)
+  cfg = terms_cfg(opid_coef=0.5, opid_norm=norm)
   x = term_inputs(logp, old, teacher, mask, tmask, adv)
-  got = np.asarray(loss_terms.token_advantages(x, cfg))
+  got, met = loss_terms.token_advantages(x, cfg)
+  got = np.asarray(got)
   m = (mask > 0) & (tmask > 0)
-  want = adv[:, None] + 0.5 * np.where(m, teacher - old, 0.0)
+  gain = np.where(m, teacher - old, 0.0)
+  if norm == "std":
+    gain = gain / gain[m].std()
+  want = adv[:, None] + 0.5 * gain
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # its size is logged: mean |added| and mean |advantage| over the loss's tokens, the raw gain
+  added = 0.5 * gain
+  np.testing.assert_allclose(met["opid/abs_added"], np.abs(added)[mask > 0].mean(), rtol=1e-5)
+  base = np.broadcast_to(adv[:, None], mask.shape)
+  np.testing.assert_allclose(met["opid/abs_adv"], np.abs(base)[mask > 0].mean(), rtol=1e-5)
+  np.testing.assert_allclose(met["opid/gain"], (teacher - old)[m].mean(), rtol=1e-5)
   # the policy loss reads them per token: equal to the clipped surrogate with those advantages
   pg, _ = losses.policy_loss(x.logp, x.old_logp, jnp.asarray(got), x.mask, cfg)
   r = np.exp(logp - old)
@@ -112,7 +143,58 @@ def test_opid_token_advantage_matches_numpy_and_feeds_the_surrogate():
   tok = np.where(want < 0, np.minimum(tok, -want * 10.0), tok)
   np.testing.assert_allclose(pg, np.sum(tok * mask) / mask.sum(), rtol=1e-5)
   # off: the advantages come back untouched
-  assert loss_terms.token_advantages(x, terms_cfg()) is x.adv
+  assert loss_terms.token_advantages(x, terms_cfg())[0] is x.adv
+
+
+@pytest.mark.parametrize(
+  "key,bad,match",
+  [
+    ("ctx_kl_clip", -1.0, "loss.ctx_kl_clip=-1.0 must be > 0"),
+    ("ctx_kl_coef", -0.5, "loss.ctx_kl_coef=-0.5 must be >= 0"),
+    ("opid_norm", "max", "loss.opid_norm='max'; valid: none, std"),
+    ("opid_coef", -1.0, "loss.opid_coef=-1.0 must be >= 0"),
+    ("kl_coef", -0.1, "loss.kl_coef=-0.1 must be >= 0"),
+  ],
+)
+def test_term_values_are_checked_where_the_loss_settings_are_built(key, bad, match):
+  from empo2_jax import defaults
+  from empo2_jax.train import settings
+
+  c = defaults.get_config()
+  c.loss[key] = bad
+  with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+    settings.loss_config(c)
+
+
+@pytest.mark.parametrize("norm", ["none", "std"])
+def test_gradient_accumulation_equals_one_batch_with_the_teacher_terms(norm):
+  """One update of a batch with teacher views (ctx_kl with its baseline, OPID) in micro-batches
+  of one row equals the same update in one micro-batch: params after an SGD step and the terms'
+  metrics (the baseline, the denominators and OPID's normaliser are mini-batch statistics,
+  update_grads.slot_stats)."""
+  params = llama.init_params(TINY, jax.random.PRNGKey(0))
+  batch = make_batch(0)
+  rows, resp = batch["response_mask"].shape
+  rng = np.random.default_rng(7)
+  batch["teacher_logp"] = rng.normal(-3, 2, (rows, resp)).astype(np.float32)
+  batch["teacher_mask"] = (np.arange(rows) % 2 == 0).astype(np.float32)
+  batch = jax.tree.map(jnp.asarray, batch)
+  lcfg = terms_cfg(ctx_kl_coef=1.0, ctx_kl_baseline=True, opid_coef=0.5, opid_norm=norm)
+  out = {}
+  for micro in (1, rows):
+    cfg = update_config(micro_rows=micro, minibatch_size=rows, loss=lcfg)
+    opt = optax.sgd(1.0)
+    state = init_train_state(jax.tree.map(jnp.copy, params), opt)
+    out[micro] = make_update_fn(TINY, cfg, opt)(state, batch)
+  (one, m1), (whole, mw) = out[1], out[rows]
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(whole.params)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+  moved = sum(
+    float(jnp.abs(a - b).sum()) for a, b in zip(*map(jax.tree.leaves, (whole.params, params)))
+  )
+  assert moved > 0
+  for k in ("ctx_kl", "ctx_kl_k1", "opid/gain", "opid/abs_added", "loss"):
+    np.testing.assert_allclose(float(m1[k]), float(mw[k]), rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_ratio_figures_match_numpy_quantiles():
