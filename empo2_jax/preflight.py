@@ -71,7 +71,7 @@ def check_flags(flag_values) -> None:
     if ckpt and not str(ckpt).startswith("embedded:"):
       check_model_path(str(ckpt), "--config.model.checkpoint")
     tok = model.get("tokenizer", "") if hasattr(model, "get") else ""
-    if tok:
+    if tok and not str(tok).startswith("embedded:"):
       check_exists(str(tok), "--config.model.tokenizer")
   if "workdir" in flag_values and flag_values["workdir"].value:
     for workdir in str(flag_values["workdir"].value).split(","):

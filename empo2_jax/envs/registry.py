@@ -53,6 +53,7 @@ BUILTIN: dict[str, str] = {
   "frozenlake": "empo2_jax.envs.frozenlake",
   "sokoban": "empo2_jax.envs.sokoban",
   "webshop": "empo2_jax.envs.webshop.suite",
+  "vault": "empo2_jax.envs.vault",
 }
 
 _REGISTERED: dict[str, "EnvSuite"] = {}

@@ -126,13 +126,17 @@ EMBEDDED_MODELS = {"smollm2-135m-instruct": "empo2_jax.model.gguf:smollm2_gguf_p
 def checkpoint_path(c) -> str:
   """config.model.checkpoint as a path: an "embedded:<name>" model resolves to its installed file
   (found through the package's import spec; nothing is downloaded)."""
-  ckpt = c.model.checkpoint
+  return model_path(c.model.checkpoint, "model.checkpoint")
+
+
+def model_path(ckpt: str, key: str) -> str:
+  """A model path as config `key` gives it: "embedded:<name>" resolves to the installed file."""
   if not ckpt.startswith("embedded:"):
     return ckpt
   name = ckpt[len("embedded:") :]
   if name not in EMBEDDED_MODELS:
     raise ConfigError(
-      f"model.checkpoint={ckpt!r}: no embedded model {name!r}; valid: "
+      f"{key}={ckpt!r}: no embedded model {name!r}; valid: "
       f"{', '.join('embedded:' + k for k in EMBEDDED_MODELS)}"
     )
   module, fn = EMBEDDED_MODELS[name].split(":")
@@ -188,7 +192,8 @@ def policy(c):
 def tokenizer(c):
   from empo2_jax.model.tokenizer import load_tokenizer
 
-  path = c.model.tokenizer or (checkpoint_path(c) if c.model.checkpoint else None)
+  path = c.model.tokenizer and model_path(c.model.tokenizer, "model.tokenizer")
+  path = path or (checkpoint_path(c) if c.model.checkpoint else None)
   try:
     return load_tokenizer(path)
   except FileNotFoundError:
