@@ -10,11 +10,12 @@ and may add token-level advantage terms to the advantages before the policy loss
 
 The terms that read a teacher view (ctx_kl, opid) live in rl/teacher_terms.py; importing
 `empo2_jax.rl` registers every built-in term. A term's config keys live in the `loss` section
-(defaults.py adds every registered term's keys with their defaults; rl/losses.LossConfig keeps
-them in `terms`); its coefficient is the first key. A term is logged (under its name) whenever
-the inputs it needs are present and added to the loss when its coefficient is not 0. A nonzero coefficient without its inputs is an error, except
-for an `optional` term (the teacher terms: a batch without any teacher view, e.g. an iteration
-whose memory had nothing to retrieve, simply has nothing to distil).
+(defaults.py adds every registered term's keys with their defaults; rl/losses.LossConfig keeps them
+in `terms`); its coefficient is the first key. A term is logged (under its name) whenever the inputs
+it needs are present and added to the loss when its coefficient is not 0. A nonzero coefficient
+without its inputs is an error, except for an `optional` term (the teacher terms: a batch without
+any teacher view, e.g. an iteration whose memory had nothing to retrieve, simply has nothing to
+distil).
 
 Inputs (TermInputs), per token `[N, R]` over N turn samples and R response tokens:
   logp          current log-probs (with gradient)        old_logp   the ratio's denominator
