@@ -94,6 +94,9 @@ def get_config(arg=None):
   # variations and launch/adapt.py read the task's other slots instead ('none': nothing).
   # init_from: a run's workdir whose newest checkpoint's memory this run starts with (ours; e.g.
   # arms that share one memory built beforehand, launch/probe.py); '': an empty memory.
+  # frozen: the memory is read but never written (each episode still gets its tip, for the
+  # methods that read it): a memory built beforehand stays as it is (the vault bench's oracle
+  # tips, docs/vault_bench.md).
   c.memory = dict(
     max_entries=1000,
     threshold=0.5,
@@ -101,6 +104,7 @@ def get_config(arg=None):
     encoder_dir="",
     unseen_fallback="task",
     init_from="",
+    frozen=False,
   )
 
   c.loss = dict(
@@ -215,6 +219,9 @@ def get_config(arg=None):
     eval_before=True,
     eval_after=True,
     checkpoint_every=50,
+    # True: the step projects only the answer tokens' positions onto the vocabulary (the same
+    # loss, another float order; most of the work when answers are short: configs/vault.py)
+    answer_logits=False,
   )
   # The method plugins' sections: rnd, sge, herl, spa and any registered later
   # (empo2_jax/methods/base.py).

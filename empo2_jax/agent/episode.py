@@ -43,6 +43,7 @@ class ActorSettings:
   cache_dtype: str = "bfloat16"
   reflector: str = "policy"  # or "rule": who writes the tip (memory/rule_tip.py)
   records: tuple = ()  # what the active methods ask to be recorded in Episode.extras (RECORDS)
+  memory_frozen: bool = False  # memory.frozen: tips are written into episodes, never into memory
 
   def __post_init__(self):
     # The only check of the empo2 keys below (train/build.check_config builds this object).

@@ -39,6 +39,8 @@ def reflect(actor, rollout: Rollout, iteration: int) -> dict:
     e.tip = clean_tip(raw[i] if i in raw else episode_rule_tip(e))
     slot, out_of = (e.task, e.variation), actor.prompts.score_out_of
     writes += memory_writes(slot, e.tip, e.executed, write_keys(actor, e), e.score, out_of)
+  if actor.settings.memory_frozen:  # memory.frozen: the episodes keep their tips, memory as is
+    writes = []
   _, uids = gather_and_commit(actor.memory.store, actor.memory.encoder, writes, iteration)
   for e, tip in zip(rollout.episodes, hosts.gather_values([e.tip for e in own])):
     e.tip = tip

@@ -42,27 +42,15 @@ class RolloutContext:
   memory (mode 'on') on specs [(task, variation, group_id)], each opening with its note.
   seed: the run's seed. score_out_of: the env's full score (prompts.score_out_of).
   chats_with_tips(episode, tips_per_step, turns=None) -> the turns' chats with those tips shown
-  (agent/actor.Actor.chats_with_tips: the teacher views of the loss terms)."""
+  (agent/actor.Actor.chats_with_tips: the teacher views of the loss terms).
+  memory_entries: the tips the memory slots of the iteration's variations held when its rollout
+  began (None: not known)."""
 
   rollout: Callable
   seed: int
   score_out_of: Any = 100
   chats_with_tips: Optional[Callable] = None
-
-
-def set_teacher_chats(ctx: RolloutContext, episode, tips_by_turn) -> int:
-  """Each turn k of `episode` with tips_by_turn[k] non-empty gets its teacher chat: its own chat
-  with those tips in its last user message (ctx.chats_with_tips). Returns how many turns got
-  one (methods/ctx_distill.py, methods/opid.py)."""
-  n, steps = 0, len(episode.turns)
-  for k, turn in enumerate(episode.turns):
-    if k >= len(tips_by_turn) or not tips_by_turn[k]:
-      continue
-    tips = [[] for _ in range(steps)]
-    tips[k] = list(tips_by_turn[k])
-    (turn.teacher_messages,) = ctx.chats_with_tips(episode, tips, turns=[k])
-    n += 1
-  return n
+  memory_entries: Optional[int] = None
 
 
 class Plugin:
@@ -368,7 +356,6 @@ class Hooks:
 
 __all__ = [
   "RolloutContext",
-  "set_teacher_chats",
   "Plugin",
   "Method",
   "GRPO_OVERRIDES",

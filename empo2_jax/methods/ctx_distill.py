@@ -21,7 +21,8 @@ without gradient, at the weights the update starts from.
 
 from __future__ import annotations
 
-from empo2_jax.methods.base import Plugin, register, set_teacher_chats
+from empo2_jax.methods.base import Plugin, register
+from empo2_jax.methods.teacher_views import report_teacher_views, set_teacher_chats
 
 
 def teacher_chats(ctx, episodes) -> int:
@@ -78,6 +79,10 @@ class CtxDistill(Plugin):
     n = teacher_chats(ctx, taught)
     turns = sum(len(e.turns) for e in episodes if e.shadow_memory)
     shown = [len(t) for e in episodes for t in e.shadow_tips]
+    if self.gate and taught is not episodes and not taught:  # the gate closed every group
+      metrics["ctx_distill/plain_grpo"] = 1.0
+    else:
+      metrics.update(report_teacher_views(ctx, "ctx_distill", n, tips_read=True))
     return episodes, {
       "ctx_distill/teacher_turns": float(n),
       "ctx_distill/teacher_share": n / max(turns, 1),

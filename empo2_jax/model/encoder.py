@@ -264,8 +264,15 @@ class Encoder:
     return [enc.ids for enc in self.tokenizer.encode_batch(list(texts))]
 
   def encode(self, texts: Sequence[str]) -> np.ndarray:
+    """[len(texts), dim] float32 embeddings; a text that repeats is embedded once (a group's
+    rollouts share their first observation, so their memory keys repeat)."""
     if isinstance(texts, str):
       raise TypeError("Encoder.encode takes a list of strings, not a string")
+    unique = list(dict.fromkeys(texts))
+    if len(unique) < len(texts):
+      emb = self.encode(unique)
+      where = {t: i for i, t in enumerate(unique)}
+      return emb[[where[t] for t in texts]]
     out = np.zeros((len(texts), self.dim), np.float32)
     if not texts:
       return out

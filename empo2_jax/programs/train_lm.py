@@ -60,7 +60,14 @@ class LMTrainConfig:
 
 
 def next_token_nll(
-  params, config: LlamaConfig, tokens_bt, attn_bt, score_bt, vocab_chunk=8192, token_chunk=0
+  params,
+  config: LlamaConfig,
+  tokens_bt,
+  attn_bt,
+  score_bt,
+  vocab_chunk=8192,
+  token_chunk=0,
+  score_index=None,
 ):
   """(sum of -log p over the scored tokens, number of scored tokens), float32 scalars.
 
@@ -70,13 +77,23 @@ def next_token_nll(
   token_chunk > 0 (and < T - 1) bounds the positions too: a scan over chunks of that many
   positions, summed chunk by chunk (another float order than token_chunk=0). On a mesh the
   positions stay spread over (data, fsdp) and the output embedding is gathered
-  (token_logprobs' split_width=False: every position is projected, not a few)."""
+  (token_logprobs' split_width=False: every position is projected, not a few).
+  score_index [B, K] int32 (train/sft.pad_rows with answer_index): the positions of the scored
+  tokens, 0 for none; only those are projected onto the vocabulary (the same sum, another float
+  order; a short-answer SFT then skips most of the projection's work), and score_bt is not read.
+  """
   hidden = llama.forward(params, config, tokens_bt, attn_bt, return_hidden=True)
   w_dv = llama.output_embedding(params, config)
 
   def nll(h, targets, weight):
     logp = token_logprobs(h, w_dv, targets, chunk_size=vocab_chunk, split_width=False)
     return -jnp.sum(jnp.where(weight > 0, logp, 0.0))
+
+  if score_index is not None:
+    b_idx = jnp.arange(tokens_bt.shape[0])[:, None]
+    h = hidden[b_idx, jnp.maximum(score_index - 1, 0)]  # position t-1 predicts token t
+    weight = (score_index > 0).astype(jnp.float32)
+    return nll(h, tokens_bt[b_idx, score_index], weight), jnp.sum(weight)
 
   h, targets, weight = hidden[:, :-1], tokens_bt[:, 1:], score_bt[:, 1:].astype(jnp.float32)
   count = jnp.sum(weight)
@@ -100,10 +117,11 @@ def next_token_scores(attn_bt):
 
 
 def _scored(batch):
-  """(tokens, attn, loss mask) of a batch, the mask next_token_scores(attn) when not given."""
+  """(tokens, attn, loss mask, score_index or None) of a batch, the mask next_token_scores(attn)
+  when not given."""
   tokens, attn = batch["tokens"], batch["attn"]
   score = batch["loss_mask"] if "loss_mask" in batch else next_token_scores(attn)
-  return tokens, attn, score
+  return tokens, attn, score, batch.get("score_index")
 
 
 def _spread(mesh: Mesh | None) -> int:
@@ -172,7 +190,7 @@ def make_lm_train_step(
   state_sh = None if mesh is None else train_state_shardings(config, optimizer, mesh, rules)
 
   def step(state: LMTrainState, batch):
-    tokens, attn, score = _scored(batch)
+    tokens, attn, score, index = _scored(batch)
     b = tokens.shape[0]
     rows = cfg.micro_rows or b
     if b % rows:
@@ -183,6 +201,8 @@ def make_lm_train_step(
         "micro-batch spans all devices"
       )
     chunks = {"tokens": tokens, "attn": attn, "score": score}
+    if index is not None:
+      chunks["index"] = index
     chunks = jax.tree.map(lambda x: _micro_batches(x, rows, spread), chunks)
     if mesh is not None:  # every micro-batch over all (data, fsdp) devices
       chunks = jax.lax.with_sharding_constraint(
@@ -196,7 +216,7 @@ def make_lm_train_step(
       def loss_fn(t):
         nll, _ = next_token_nll(
           lora.join(t, frozen), config, d["tokens"], d["attn"], d["score"], cfg.vocab_chunk,
-          cfg.token_chunk,
+          cfg.token_chunk, d.get("index"),
         )  # fmt: skip
         return nll / n_tok
 
@@ -229,13 +249,18 @@ def make_lm_eval_loss(config: LlamaConfig, cfg: LMTrainConfig):
   of the whole batch, summed micro-batch by micro-batch (one device)."""
 
   def f(params, batch):
-    tokens, attn, score = _scored(batch)
+    tokens, attn, score, index = _scored(batch)
     rows = cfg.micro_rows or tokens.shape[0]
     chunks = [_micro_batches(x, rows, 1) for x in (tokens, attn, score)]
-    sums = jax.lax.map(
-      lambda d: jnp.stack(next_token_nll(params, config, *d, cfg.vocab_chunk, cfg.token_chunk)),
-      chunks,
-    )
+    chunks.append(None if index is None else _micro_batches(index, rows, 1))
+
+    def one(d):
+      tok, att, sc, idx = d
+      return jnp.stack(
+        next_token_nll(params, config, tok, att, sc, cfg.vocab_chunk, cfg.token_chunk, idx)
+      )
+
+    sums = jax.lax.map(one, chunks)
     return jnp.sum(sums[:, 0]) / jnp.maximum(jnp.sum(sums[:, 1]), 1.0)
 
   return jax.jit(f)

@@ -361,6 +361,20 @@ def grpo_rollout_turns(turns, ddof=1, eps=1e-6):
   )
 
 
+@register_estimator("return_positive")
+def return_positive_turns(turns):
+  """1 for every turn of an episode with a positive return, 0 for the rest: no baseline, no
+  normalisation. With loss.policy_loss="nll" the update is supervised training on the
+  successful episodes (the vault bench's positive control, docs/vault_bench.md).
+
+  Args:
+    turns: N turns (episode_return).
+  Returns:
+    [N] float32 advantages in {0, 1}.
+  """
+  return np.asarray([float(t.episode_return > 0) for t in turns], np.float32)
+
+
 def gigpo_scores(turns: Sequence) -> tuple[list, list]:
   """GiGPO's two scores with EMPO2's memory reward r_int (docs/method.md §3: added to the score
   unscaled, at every step of a memory rollout).

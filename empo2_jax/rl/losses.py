@@ -263,3 +263,36 @@ def policy_loss(
     metrics["shaped_weight_sum"] = tok_mean(jnp.where(shaped, shaped_w, 0.0))
   metrics["loss"] = loss
   return loss, metrics
+
+
+@register_policy_loss("nll")
+def nll_loss(
+  logp_br,
+  old_logp_br,
+  adv,
+  mask_br,
+  cfg: LossConfig,
+  *,
+  shaping_gamma_br=None,
+  token_denom=None,
+  seq_denom=None,
+):
+  """Advantage-weighted negative log-likelihood: -A * log pi per token, no ratio and no clipping.
+
+  With advantages 1 on chosen samples and 0 elsewhere (advantage.estimator="return_positive")
+  this is supervised training on those samples' responses (filtered behaviour cloning), on the
+  view the update trains: the vault bench's positive control trains the tip-free view of
+  tip-guided successes (docs/vault_bench.md).
+
+  Args: as policy_loss (old_logp_br and shaping_gamma_br are not read).
+  Returns:
+    (loss, metrics): the loss aggregated as cfg.agg says, and {"pg_loss", "nll_weight" (the
+    token mean of A), "loss"}.
+  """
+  del old_logp_br, shaping_gamma_br
+  m = mask_br > 0
+  adv_br = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp_br.shape)
+  term = jnp.where(m, -adv_br * logp_br, 0.0)
+  loss = aggregate(term, mask_br, cfg.agg, token_denom, seq_denom)
+  weight = aggregate(jnp.where(m, adv_br, 0.0), mask_br, "token_mean", token_denom)
+  return loss, {"pg_loss": loss, "nll_weight": weight, "loss": loss}

@@ -132,9 +132,10 @@ def summary(records: Sequence[dict]) -> dict:
 
 
 # ---------------------------------------------------------------------------- scoring
-def _turns(records: Sequence[dict]) -> list[Turn]:
-  """The samples as turns of mode 'off' (ratio 'paper': both views tip-free), one rollout an
-  episode, so build_packed_batch packs each episode's turns into one row."""
+def _turns(records: Sequence[dict], with_tips: bool = False) -> list[Turn]:
+  """The samples as turns of mode 'off' (ratio 'paper': both views tip-free) or, with_tips,
+  'on_tips' (the chat as given, tips shown), one rollout an episode, so build_packed_batch packs
+  each episode's turns into one row."""
   episode_of = {e: k for k, e in enumerate(dict.fromkeys(r["episode_id"] for r in records))}
   return [
     Turn(
@@ -142,7 +143,7 @@ def _turns(records: Sequence[dict]) -> list[Turn]:
       response="",
       response_ids=r["response_ids"],
       sampler_logprobs=[0.0] * len(r["response_ids"]),
-      mode="off",
+      mode="on_tips" if with_tips else "off",
       group_id=0,
       rollout_id=episode_of[r["episode_id"]],
       step=int(r["step"]),
@@ -181,15 +182,17 @@ def score(
   max_prompt_len: int = 8192,
   rows: int = 1,
   scorer=None,
+  with_tips: bool = False,
 ) -> dict:
   """The probe's figures for `params` (module docstring): {"sets": {set: figures}, "samples":
   {id: {"logp", "top1", "tokens"}}, "dropped_long": samples whose prompt exceeds
-  max_prompt_len}. `rows`: packed rows per forward pass."""
+  max_prompt_len}. `rows`: packed rows per forward pass. with_tips: score the chats as given,
+  tip blocks included (default: tip-free, as the probe's question asks)."""
   if not records:
     raise ValueError("the probe set is empty: no tip-guided episodes were found")
   if len({r["id"] for r in records}) != len(records):
     raise ValueError("the probe set repeats sample ids: rebuild it with launch/probe.py --make")
-  turns = _turns(records)
+  turns = _turns(records, with_tips)
   cfg = BatchConfig(
     max_prompt_len=max_prompt_len,
     prompt_len_check="both",

@@ -119,6 +119,7 @@ def actor_settings(c) -> ActorSettings:
     cache_dtype=c.rollout.cache_dtype,
     reflector=c.empo2.reflector,
     records=methods.episode_records(c),
+    memory_frozen=c.memory.frozen,
   )
 
 

@@ -101,9 +101,14 @@ def chat_rows(tokenizer, chats: Sequence[list[dict]], max_len: int) -> list[Pack
   return rows
 
 
-def pad_rows(rows: Sequence[PackedRow], pad_id: int, bucket: int = 128) -> dict:
+def pad_rows(
+  rows: Sequence[PackedRow], pad_id: int, bucket: int = 128, answer_index: bool = False
+) -> dict:
   """Right-padded int32 arrays [B, L] (L = the longest row rounded up to `bucket`):
-  tokens, attn (1 on real tokens), loss_mask (1 on answer tokens)."""
+  tokens, attn (1 on real tokens), loss_mask (1 on answer tokens); with answer_index also
+  score_index [B, K], each row's answer token positions then 0s (K = the most answers a row
+  has, rounded up to 16): the step projects only those onto the vocabulary
+  (programs/train_lm.next_token_nll; sft.answer_logits)."""
   length = max(len(r.tokens) for r in rows)
   length = -(-length // bucket) * bucket
   tokens = np.full((len(rows), length), pad_id, np.int32)
@@ -114,7 +119,16 @@ def pad_rows(rows: Sequence[PackedRow], pad_id: int, bucket: int = 128) -> dict:
     attn[b, : len(r.tokens)] = 1
     for s, n in r.spans:
       loss_mask[b, s : s + n] = 1
-  return {"tokens": tokens, "attn": attn, "loss_mask": loss_mask}
+  out = {"tokens": tokens, "attn": attn, "loss_mask": loss_mask}
+  if answer_index:
+    counts = loss_mask.sum(1)
+    k = max(16, -(-int(counts.max()) // 16) * 16)
+    index = np.zeros((len(rows), k), np.int32)
+    for b in range(len(rows)):
+      pos = np.nonzero(loss_mask[b])[0]
+      index[b, : len(pos)] = pos
+    out["score_index"] = index
+  return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     total = count = 0.0
     for i in range(0, len(rows), c.sft.batch_rows):
       group = rows[i : i + c.sft.batch_rows]
-      batch = sft.pad_rows(group, pad_id)
+      batch = sft.pad_rows(group, pad_id, answer_index=c.sft.answer_logits)
       batch = fill_rows(batch, c.sft.batch_rows)
       n = float(batch["loss_mask"][:, 1:].sum())
       total += float(eval_loss(params, batch)) * n
@@ -100,7 +100,7 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     for step in range(start, c.sft.steps):
       t1 = time.perf_counter()
       picked = [rows[j] for j in order[step * c.sft.batch_rows : (step + 1) * c.sft.batch_rows]]
-      state, m = step_fn(state, sft.pad_rows(picked, pad_id))
+      state, m = step_fn(state, sft.pad_rows(picked, pad_id, answer_index=c.sft.answer_logits))
       rec = {
         "step": step + 1,
         **{k: float(v) for k, v in jax.device_get(m).items()},

@@ -182,8 +182,9 @@ class Trainer:
       self.variation_cursor += 1
     return out
 
-  def rollout_context(self) -> methods.RolloutContext:
-    """What a method's hook may roll out: episodes of the current policy, without memory."""
+  def rollout_context(self, memory_entries: Optional[int] = None) -> methods.RolloutContext:
+    """What a method's hook may roll out: episodes of the current policy, without memory.
+    memory_entries: the tips the iteration's slots held when its rollout began."""
 
     def rollout(specs, *, notes, temperature, rng):
       params = self.sampling_params()
@@ -197,7 +198,13 @@ class Trainer:
       seed=int(self.config.seed),
       score_out_of=self.prompt_set.score_out_of,
       chats_with_tips=self.actor.chats_with_tips,
+      memory_entries=memory_entries,
     )
+
+  def slot_entries(self, variations) -> int:
+    """The tips the memory slots of `variations` hold now."""
+    slots = (self.memory.store.slot((self.config.env.task, v)) for v in set(variations))
+    return sum(len(s) for s in slots if s is not None)
 
   def sampling_params(self):
     """The policy weights for the actor's sampler (multi-host: a copy on this host's devices)."""
@@ -234,6 +241,7 @@ class Trainer:
     mode = self._mode(k_mode)
     t0 = time.perf_counter()
     variations = self.variations_for_iteration()
+    held = self.slot_entries(variations)  # before the reflection adds this rollout's tips
     with self.phase_peaks.phase("rollout"):
       rollout = self.rollout(variations, mode, k_roll)
     with self.phase_peaks.phase("reflect"):
@@ -242,7 +250,7 @@ class Trainer:
       # The methods' step after the rollout (RND rewards, HeRL's guided episodes): what is
       # trained on; the returns in the metrics stay those of the policy's own episodes.
       trained, explore_metrics = self.hooks.after_rollout(
-        self.rollout_context(), rollout.episodes, it, mode, k_roll
+        self.rollout_context(held), rollout.episodes, it, mode, k_roll
       )
       # Teacher views a method asked for (rl/loss_terms.py): scored by the current weights.
       explore_metrics.update(self.score_teachers(trained))

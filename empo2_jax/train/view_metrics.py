@@ -164,7 +164,17 @@ def iteration_metrics(
     "train_tokens": bstats["tokens"],
     "batch_rows": bstats["rows"],
     "advantage_abs_mean": float(np.abs(advantages).mean()) if len(turns) else 0.0,
+    "groups_mixed": mixed_share(ok),
   }
 
 
-__all__ = ["attach", "iteration_metrics", "view_metrics"]
+def mixed_share(episodes: list) -> float:
+  """The share of groups (group_id) whose episodes' returns are not all equal: the groups that
+  give GRPO an advantage (a group of equal returns has none)."""
+  groups: dict = {}
+  for e in episodes:
+    groups.setdefault(e.group_id, set()).add(float(e.episode_return))
+  return sum(len(r) > 1 for r in groups.values()) / len(groups) if groups else 0.0
+
+
+__all__ = ["attach", "iteration_metrics", "mixed_share", "view_metrics"]

@@ -140,7 +140,8 @@ def test_teacher_chats_show_the_turns_tips_in_its_last_user_message_only():
   tips, the assistant messages unchanged; a turn without tips gets none."""
   import types
 
-  from empo2_jax.methods.base import RolloutContext, set_teacher_chats
+  from empo2_jax.methods.base import RolloutContext
+  from empo2_jax.methods.teacher_views import set_teacher_chats
 
   actor = Actor(None, load_tokenizer(), {(TASK, 1): _material()}, prompt_set=SCIENCEWORLD)
   ep = Episode(TASK, 1, 0, 0, "on", False)

@@ -106,3 +106,14 @@ def test_missing_directory_says_what_to_pass(tmp_path):
   (tmp_path / "config.json").write_text("{}")
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     enc_mod.Encoder.load(tmp_path)
+
+
+def test_repeated_texts_are_embedded_once_and_returned_in_place(encoder, monkeypatch):
+  texts = ["open the door", "look around", "open the door", "go north", "look around"]
+  want = np.stack([encoder.encode([t])[0] for t in texts])
+  calls = []
+  embed = encoder._embed
+  monkeypatch.setattr(encoder, "_embed", lambda *a: calls.append(a[1].shape) or embed(*a))
+  got = encoder.encode(texts)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert sum(shape[0] for shape in calls) < len(texts)  # 3 distinct texts, padded rows

@@ -1,0 +1,72 @@
+"""The vault bench (docs/vault_bench.md): one-turn vaults whose code only a memory tip gives.
+
+configs/vault.py              a model of your own: --config.model.checkpoint=DIR (its format
+                              start: launch/vault_bench.py builds it)
+configs/vault.py:small        a ~7M-parameter SmolLM2-shaped model (preset smollm2-small) with
+                              SmolLM2's tokenizer, random init (the bench's start trains it)
+configs/vault.py:cpu          the embedded SmolLM2-135M-Instruct
+configs/vault.py:tiny         a random-init tiny model (tests: mechanics only)
+
+Every variant: 8 trained vaults x 8 rollouts an iteration, 16 unseen vaults (the dev split) for
+the measures, one turn of at most 16 tokens, the rule reflector, the intrinsic reward off (one
+memory entry a vault makes it a constant), packed rows of one turn each.
+"""
+
+from empo2_jax import defaults
+
+ARGS = ("cpu", "small", "tiny")
+
+
+def get_config(arg=None):
+  args = defaults.parse_args("vault", arg, ARGS)
+  c = defaults.get_config()
+  c.unlock()  # the puzzle fields below are new keys of config.env
+  c.env.name = "vault"
+  c.env.task = "vault"
+  c.env.max_steps = 1
+  c.env.max_actions_per_turn = 3
+  c.env.max_actions = 3
+  c.env.code_length = 3
+  c.env.partial_score = False
+  c.env.num_train_variations = 8
+  c.env.num_test_variations = 16
+  c.env.few_shot = 0
+  c.env.workers = 2
+  defaults.small_cpu(c, max_new_tokens=16, max_context=512, iterations=12, eval_every=0)
+  c.rollout.variations_per_iter = 8
+  c.rollout.group_size = 8
+  c.empo2.reflector = "rule"
+  c.empo2.intrinsic_reward = False
+  c.optim.minibatch_size = 16
+  c.optim.micro_rows = 16
+  c.train.eval_at_end = False
+  c.train.checkpoint_every = 0
+  # The bench's format SFT (launch/vault_bench.py; train/vault_data.sft_chats): its gate is
+  # measured by the bench, so no evaluation before or after.
+  c.sft.max_len = 512
+  c.sft.eval_before = False
+  c.sft.eval_after = False
+  c.sft.checkpoint_every = 500
+  c.sft.answer_logits = True  # answers are ~9 tokens of ~120: project only those
+  if args.get("small"):
+    c.model.preset = "smollm2-small"
+    c.model.random_init = True
+    c.model.tokenizer = "embedded:smollm2-135m-instruct"
+    c.optim.lr = 1e-3
+    c.sft.steps = 1500
+    c.sft.batch_rows = 32
+    c.sft.micro_rows = 32
+    c.sft.lr = 1e-3
+  if args.get("cpu"):
+    defaults.embedded_model(c)
+    c.optim.minibatch_size = 8
+    c.optim.micro_rows = 1
+    c.sft.steps = 60
+    c.sft.batch_rows = 8
+    c.sft.micro_rows = 2
+    c.sft.lr = 5e-5
+  if args.get("tiny"):
+    defaults.tiny_model(c)
+    c.env.max_steps = 1
+  c.lock()
+  return c
