@@ -47,6 +47,9 @@ def get_config(arg=None):
     lora_rank=0,
     lora_alpha=16.0,
     lora_targets="all-linear",
+    # > 0: keep only the checkpoint's first keep_layers layers (a shallow model that keeps the
+    # pretrained embedding and early layers, e.g. the vault bench's small model); 0: all
+    keep_layers=0,
     # The sampler's cached forward on the CPU backend in float32: "auto" runs a decode step's
     # products and cache attention in C++ kernels built on first use (model/cpu_kernels.py;
     # XLA's path where they do not build), "cpu" insists on them, "xla" never uses them.
@@ -222,6 +225,10 @@ def get_config(arg=None):
     # True: the step projects only the answer tokens' positions onto the vocabulary (the same
     # loss, another float order; most of the work when answers are short: configs/vault.py)
     answer_logits=False,
+    # the chats loss_first / loss_last are measured on: the first eval_rows (0: every chat)
+    eval_rows=0,
+    # a batch's rows are padded to a multiple of this many tokens (each new length compiles)
+    pad_multiple=128,
   )
   # The method plugins' sections: rnd, sge, herl, spa and any registered later
   # (empo2_jax/methods/base.py).

@@ -32,7 +32,7 @@ _ARMS = flags.DEFINE_list("arms", ["P", "D", "A", "B", "E", "F", "F+", "G", "W"]
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "seeds; every arm per seed")
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "iterations per arm-seed (0: the config's)")
 _P_COPY = flags.DEFINE_float("p_copy", 0.75, "the SFT's share of with-tip answers that copy it")
-_SFT_VAULTS = flags.DEFINE_integer("sft_vaults", 4096, "vaults in the format SFT (2 chats each)")
+_SFT_VAULTS = flags.DEFINE_integer("sft_vaults", 1024, "vaults in the format SFT (2 chats each)")
 _GATE_ONLY = flags.DEFINE_bool("gate_only", False, "stop after the gate")
 _IGNORE_GATE = flags.DEFINE_bool(
   "ignore_gate", False, "run the arms even if the gate fails (mechanics checks: no verdict)"

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from empo2_jax.envs import puzzles, registry
+from empo2_jax.envs import puzzle_suite, puzzles, registry
 from empo2_jax.envs.base import PromptSet
 from empo2_jax.envs.puzzles import Game, PuzzleConfig, PuzzleEnv
 from empo2_jax.tips import tip_block
@@ -175,7 +175,7 @@ FIELDS = ("code_length", "buttons", "partial_score")
 
 
 def env_config(c) -> VaultConfig:
-  kw = puzzles.env_fields(c, *puzzles.COMMON_FIELDS, *FIELDS)
+  kw = puzzle_suite.env_fields(c, *puzzle_suite.COMMON_FIELDS, *FIELDS)
   if c.env.max_steps:
     kw["max_turns"] = c.env.max_steps
   return VaultConfig(**kw)
@@ -186,7 +186,7 @@ SUITE = registry.register(
     name=TASK,
     tasks=(TASK,),
     env_config=env_config,
-    worker=lambda cfg: puzzles.PuzzleWorkers(VaultEnv, cfg, name=TASK),
+    worker=lambda cfg: puzzle_suite.PuzzleWorkers(VaultEnv, cfg, name=TASK),
     local_env=VaultEnv,
     materials=materials,
     prompts=PROMPTS,

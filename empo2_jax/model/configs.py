@@ -331,9 +331,6 @@ PRESETS = {
   "smollm2-135m": lambda: _smollm2(576, 1536, 30, 9, 3, 100_000.0),
   "smollm2-360m": lambda: _smollm2(960, 2560, 32, 15, 5, 100_000.0),
   "smollm2-1.7b": lambda: _smollm2(2048, 8192, 24, 32, 32, 130_000.0),
-  # SmolLM2's vocabulary and architecture, ~7M parameters (6.3M of them the embedding): the
-  # vault bench's small model, trained from scratch (configs/vault.py:small).
-  "smollm2-small": lambda: _smollm2(128, 384, 4, 4, 2, 100_000.0),
   # Test/CPU model: Qwen2 architecture with the real vocabulary, tiny everywhere else.
   "tiny": lambda: LlamaConfig(
     vocab_size=151936,

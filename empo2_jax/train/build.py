@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax
@@ -175,9 +176,24 @@ def base_policy(c):
   seeded random init: the weights a run starts from, without LoRA adapters."""
   overrides = {**model_fields(c), **lora_overrides(c)}
   if c.model.checkpoint:
-    return hf.load_checkpoint(checkpoint_path(c), dtype=overrides.pop("param_dtype"), **overrides)
+    loaded = hf.load_checkpoint(checkpoint_path(c), dtype=overrides.pop("param_dtype"), **overrides)
+    return keep_layers(*loaded, c.model.keep_layers)
   config = model_configs.get_preset(c.model.preset, **overrides)
   return config, llama.init_params(config, jax.random.PRNGKey(c.seed))
+
+
+def keep_layers(config, params, n: int):
+  """(config, params) of the model's first `n` layers (model.keep_layers; 0: all of them): the
+  embedding, the final norm and the output head stay, the layers above n go."""
+  if not n or n == config.num_layers:
+    return config, params
+  if not 0 < n < config.num_layers:
+    raise ConfigError(
+      f"model.keep_layers={n}: the checkpoint has {config.num_layers} layers; pass 1 to "
+      f"{config.num_layers}, or 0 for all"
+    )
+  layers = jax.tree.map(lambda x: x[:n], params["layers"])
+  return dataclasses.replace(config, num_layers=n), {**params, "layers": layers}
 
 
 def policy(c):

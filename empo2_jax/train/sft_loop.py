@@ -56,11 +56,13 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
   # Whole-dataset loss in groups of batch_rows rows (padding rows are all-masked copies).
   eval_loss = sft.make_eval_loss(trainer.model_config, scfg)
 
+  scored = rows[: c.sft.eval_rows] if c.sft.eval_rows else rows
+
   def dataset_loss(params):
     total = count = 0.0
-    for i in range(0, len(rows), c.sft.batch_rows):
-      group = rows[i : i + c.sft.batch_rows]
-      batch = sft.pad_rows(group, pad_id, answer_index=c.sft.answer_logits)
+    for i in range(0, len(scored), c.sft.batch_rows):
+      group = scored[i : i + c.sft.batch_rows]
+      batch = sft.pad_rows(group, pad_id, c.sft.pad_multiple, answer_index=c.sft.answer_logits)
       batch = fill_rows(batch, c.sft.batch_rows)
       n = float(batch["loss_mask"][:, 1:].sum())
       total += float(eval_loss(params, batch)) * n
@@ -100,7 +102,8 @@ def run_sft(c, workdir, trainer, chats, t0=None) -> dict:
     for step in range(start, c.sft.steps):
       t1 = time.perf_counter()
       picked = [rows[j] for j in order[step * c.sft.batch_rows : (step + 1) * c.sft.batch_rows]]
-      state, m = step_fn(state, sft.pad_rows(picked, pad_id, answer_index=c.sft.answer_logits))
+      batch = sft.pad_rows(picked, pad_id, c.sft.pad_multiple, answer_index=c.sft.answer_logits)
+      state, m = step_fn(state, batch)
       rec = {
         "step": step + 1,
         **{k: float(v) for k, v in jax.device_get(m).items()},

@@ -121,7 +121,7 @@ class Bench:
   """The bench over one base config (module docstring). `root`: the run's working files (the
   start, the arm workdirs while they run); `records`: the small files to keep (gate, arm-seeds)."""
 
-  def __init__(self, config, root: str, records: str, *, p_copy: float = 0.75, sft_vaults=4096):
+  def __init__(self, config, root: str, records: str, *, p_copy: float = 0.75, sft_vaults=1024):
     self.c, self.root, self.records = config, os.path.abspath(root), records
     self.p_copy, self.sft_vaults = p_copy, sft_vaults
     from empo2_jax.train import build
