@@ -145,3 +145,39 @@ def test_edge_gate_teaches_only_the_tip_free_half_of_open_groups(tmp_path):
     opened += gap > 0
   assert m["ctx_distill/edge_open_share"] == opened / len(by_group)
   assert m["retrieval_hits_per_step"] > 0  # the tip half saw iteration 1's tips
+
+
+def test_an_iteration_without_teacher_views_says_it_trained_plain_grpo(caplog):
+  """report_teacher_views: with views, plain_grpo 0; without, 1 and one log line a run (empty
+  slots: a memory still being built, or no episode tip); slots that held tips yet none was
+  retrieved: NoTeacherError, naming the settings to check."""
+  from empo2_jax.methods import teacher_views as tv
+
+  ctx = methods.RolloutContext(rollout=None, seed=0, memory_entries=0)
+  tv._WARNED_NO_TEACHER.discard("ctx_distill")
+  assert tv.report_teacher_views(ctx, "ctx_distill", 5, tips_read=True) == {
+    "ctx_distill/plain_grpo": 0.0
+  }
+  with caplog.at_level("WARNING", logger="empo2_jax"):
+    for _ in range(3):
+      m = tv.report_teacher_views(ctx, "ctx_distill", 0, tips_read=True)
+      assert m == {"ctx_distill/plain_grpo": 1.0}
+  lines = [r.getMessage() for r in caplog.records if "plain GRPO" in r.getMessage()]
+  assert len(lines) == 1 and "memory slots were empty" in lines[0]
+  held = methods.RolloutContext(rollout=None, seed=0, memory_entries=8)
+  with pytest.raises(tv.NoTeacherError, match="held 8 tips .* memory.threshold"):
+    tv.report_teacher_views(held, "ctx_distill", 0, tips_read=True)
+  # a teacher from the episodes' own tips (OPID's default) does not read the memory: no error
+  assert tv.report_teacher_views(held, "opid", 0, tips_read=False) == {"opid/plain_grpo": 1.0}
+
+
+def test_opid_reads_its_hindsight_from_the_memory_when_asked():
+  c = frozenlake.get_config("tiny")
+  methods.apply(c, "opid")
+  assert methods.Hooks(c).memory_view("off") == "none"  # OPID's own tip: no retrieval
+  c.opid.tip_source = "memory"
+  hooks = methods.Hooks(c)
+  assert hooks.memory_view("off") == "shadow" and hooks.memory_view("on") == "none"
+  c.opid.tip_source = "oracle"
+  with pytest.raises(ValueError, match="opid.tip_source='oracle'; valid: episode, memory"):
+    methods.check(c)
