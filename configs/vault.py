@@ -4,6 +4,8 @@ configs/vault.py              a model of your own: --config.model.checkpoint=DIR
                               start: launch/vault_bench.py builds it)
 configs/vault.py:small        the first 3 of SmolLM2-135M-Instruct's 30 layers, its embedding and
                               tokenizer (the bench's start trains it; fast on a CPU)
+configs/vault.py:scratch      SmolLM2's tokenizer and architecture at hidden 128 and 4 layers
+                              (preset smollm2-small), random init: trained from scratch
 configs/vault.py:cpu          the embedded SmolLM2-135M-Instruct
 configs/vault.py:tiny         a random-init tiny model (tests: mechanics only)
 
@@ -14,7 +16,7 @@ memory entry a vault makes it a constant), packed rows of one turn each.
 
 from empo2_jax import defaults
 
-ARGS = ("cpu", "small", "tiny")
+ARGS = ("cpu", "small", "scratch", "tiny")
 
 
 def get_config(arg=None):
@@ -58,10 +60,19 @@ def get_config(arg=None):
     c.model.keep_layers = 3
     c.loss.low_prob_delta = -5.0  # the paper's mask (embedded_model sets -10 for ScienceWorld)
     c.optim.lr = 3e-4
-    c.sft.steps = 200
+    c.sft.steps = 400
     c.sft.batch_rows = 8
     c.sft.micro_rows = 8
-    c.sft.lr = 5e-4
+    c.sft.lr = 3e-4
+  if args.get("scratch"):
+    c.model.preset = "smollm2-small"
+    c.model.random_init = True
+    c.model.tokenizer = "embedded:smollm2-135m-instruct"
+    c.optim.lr = 1e-3
+    c.sft.steps = 600
+    c.sft.batch_rows = 32
+    c.sft.micro_rows = 32
+    c.sft.lr = 2e-3
   if args.get("cpu"):
     defaults.embedded_model(c)
     c.optim.minibatch_size = 8

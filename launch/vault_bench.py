@@ -33,6 +33,10 @@ _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "seeds; every arm
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "iterations per arm-seed (0: the config's)")
 _P_COPY = flags.DEFINE_float("p_copy", 0.75, "the SFT's share of with-tip answers that copy it")
 _SFT_VAULTS = flags.DEFINE_integer("sft_vaults", 1024, "vaults in the format SFT (2 chats each)")
+_SFT_TIPS = flags.DEFINE_enum(
+  "sft_tips", "oracle", ["oracle", "mixed"],
+  "the SFT's tip blocks: the oracle tip alone, or also among / replaced by failed tips",
+)  # fmt: skip
 _GATE_ONLY = flags.DEFINE_bool("gate_only", False, "stop after the gate")
 _IGNORE_GATE = flags.DEFINE_bool(
   "ignore_gate", False, "run the arms even if the gate fails (mechanics checks: no verdict)"
@@ -61,8 +65,9 @@ def main(argv):
     cli.fail(ValueError(f"--arms: unknown {unknown}; valid: {', '.join(vault_bench.ARMS)}"))
   seeds = [int(s) for s in _SEEDS.value]
   bench = vault_bench.Bench(
-    _CONFIG.value, _ROOT.value, records, p_copy=_P_COPY.value, sft_vaults=_SFT_VAULTS.value
-  )
+    _CONFIG.value, _ROOT.value, records, p_copy=_P_COPY.value, sft_vaults=_SFT_VAULTS.value,
+    sft_tips=_SFT_TIPS.value,
+  )  # fmt: skip
   start = bench.start()
   print(f"vault start loss_first={start['loss_first']:.4f} loss_last={start['loss_last']:.4f}")
   gate = bench.gate()

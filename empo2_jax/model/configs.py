@@ -331,6 +331,9 @@ PRESETS = {
   "smollm2-135m": lambda: _smollm2(576, 1536, 30, 9, 3, 100_000.0),
   "smollm2-360m": lambda: _smollm2(960, 2560, 32, 15, 5, 100_000.0),
   "smollm2-1.7b": lambda: _smollm2(2048, 8192, 24, 32, 32, 130_000.0),
+  # SmolLM2's vocabulary and architecture at ~0.9M parameters outside the 6.3M embedding: a
+  # model trained from scratch in minutes (configs/vault.py:scratch)
+  "smollm2-small": lambda: _smollm2(128, 384, 4, 4, 2, 100_000.0),
   # Test/CPU model: Qwen2 architecture with the real vocabulary, tiny everywhere else.
   "tiny": lambda: LlamaConfig(
     vocab_size=151936,

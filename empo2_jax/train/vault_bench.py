@@ -121,9 +121,11 @@ class Bench:
   """The bench over one base config (module docstring). `root`: the run's working files (the
   start, the arm workdirs while they run); `records`: the small files to keep (gate, arm-seeds)."""
 
-  def __init__(self, config, root: str, records: str, *, p_copy: float = 0.75, sft_vaults=1024):
+  def __init__(
+    self, config, root: str, records: str, *, p_copy=0.75, sft_vaults=1024, sft_tips="oracle"
+  ):
     self.c, self.root, self.records = config, os.path.abspath(root), records
-    self.p_copy, self.sft_vaults = p_copy, sft_vaults
+    self.p_copy, self.sft_vaults, self.sft_tips = p_copy, sft_vaults, sft_tips
     from empo2_jax.train import build
 
     self.env = build.suite(config).local_env(build.env_config(config))
@@ -151,7 +153,7 @@ class Bench:
 
     rng = np.random.default_rng(int(self.c.seed))
     seeds = vault_data.sft_vault_seeds(self.sft_vaults, self.names)
-    chats = vault_data.sft_chats(self.env, seeds, rng, self.p_copy)
+    chats = vault_data.sft_chats(self.env, seeds, rng, self.p_copy, self.sft_tips)
     t0 = time.perf_counter()
     workdir = os.path.join(self.root, "start")
     trainer = Trainer(self.c, workdir, progress=False)
@@ -160,7 +162,7 @@ class Bench:
     finally:
       trainer.close()
     summary.update(
-      sft_vaults=len(seeds), chats=len(chats), p_copy=self.p_copy,
+      sft_vaults=len(seeds), chats=len(chats), p_copy=self.p_copy, sft_tips=self.sft_tips,
       seconds=time.perf_counter() - t0, model=self.c.model.checkpoint or self.c.model.preset,
     )  # fmt: skip
     _write_json(out, summary)

@@ -24,10 +24,14 @@ from empo2_jax.train import probe
 
 TASK = vault.TASK
 SFT_FIRST_SEED = 3_000_000  # the format SFT's vaults: seeds in no split (envs/puzzles.py)
-# The kinds of tip block in the SFT's with-tip chats and their shares: the oracle tip alone; the
-# oracle tip among failed episodes' tips (what a memory of the agent's own rule tips shows);
-# failed episodes' tips alone (nothing to copy: any code).
-TIP_KINDS = {"oracle": 0.6, "mixed": 0.25, "failed": 0.15}
+# The kinds of tip block in the SFT's with-tip chats and their shares (sft_chats' `tip_kinds`):
+# the oracle tip alone; the oracle tip among failed episodes' tips (what a memory of the agent's
+# own rule tips shows); failed episodes' tips alone (nothing to copy: any code). "oracle" is what
+# the bench's arms show; "mixed" also prepares a start for a memory of the agent's own tips.
+TIP_KINDS = {
+  "oracle": {"oracle": 1.0},
+  "mixed": {"oracle": 0.6, "mixed": 0.25, "failed": 0.15},
+}
 
 
 def _text(code: Sequence[str]) -> str:
@@ -90,13 +94,18 @@ def sft_vault_seeds(n: int, taken_names: Sequence[str]) -> list[int]:
   return out
 
 
-def sft_chats(env: vault.VaultEnv, seeds: Sequence[int], rng, p_copy: float) -> list[list[dict]]:
+def sft_chats(
+  env: vault.VaultEnv, seeds: Sequence[int], rng, p_copy: float, tip_kinds: str = "oracle"
+) -> list[list[dict]]:
   """The format SFT's chats, two a vault: without tips, a uniformly random code; with a tip
-  block of TIP_KINDS, the oracle tip's code with probability p_copy (else a random code), and
-  for a block of failed tips only, a random code. Failed tips name random wrong codes."""
+  block drawn from TIP_KINDS[tip_kinds], the oracle tip's code with probability p_copy (else a
+  random code), and for a block of failed tips only, a random code. Failed tips name random
+  wrong codes."""
   cfg = env.config
   buttons, length = cfg.buttons, cfg.code_length
-  kinds, shares = list(TIP_KINDS), list(TIP_KINDS.values())
+  if tip_kinds not in TIP_KINDS:
+    raise ValueError(f"tip_kinds={tip_kinds!r}; valid: {', '.join(TIP_KINDS)}")
+  kinds, shares = list(TIP_KINDS[tip_kinds]), list(TIP_KINDS[tip_kinds].values())
 
   def random_code():
     return [buttons[i] for i in rng.integers(len(buttons), size=length)]

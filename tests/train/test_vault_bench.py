@@ -39,7 +39,7 @@ def test_sft_vaults_skip_the_benchs_names_and_chats_teach_the_format():
   seeds = vault_data.sft_vault_seeds(3000, taken)
   assert len(seeds) == 3000 and min(seeds) >= vault_data.SFT_FIRST_SEED
   assert not {vault_name(s) for s in seeds} & set(taken)
-  chats = vault_data.sft_chats(ENV, seeds, np.random.default_rng(0), p_copy=0.75)
+  chats = vault_data.sft_chats(ENV, seeds, np.random.default_rng(0), 0.75, tip_kinds="mixed")
   assert len(chats) == 2 * len(seeds)
   copied = shown_oracle = 0
   for k, s in enumerate(seeds):
@@ -56,6 +56,12 @@ def test_sft_vaults_skip_the_benchs_names_and_chats_teach_the_format():
   assert abs(share - 0.85) < 0.03  # the oracle tip is in the "oracle" and "mixed" blocks
   rate = copied / shown_oracle  # p_copy plus the chance that a random code is the code
   assert abs(rate - (0.75 + 0.25 / 64)) < 0.03
+  oracle = vault_data.sft_chats(ENV, seeds[:200], np.random.default_rng(1), 0.75)  # the default
+  for k, s in enumerate(seeds[:200]):
+    tip_block = oracle[2 * k + 1][0]["content"]
+    assert tip_block.count("score") == 2 and vault_data.tip_for(vault_code(s), True) in tip_block
+  with pytest.raises(ValueError, match="tip_kinds='all'; valid: oracle, mixed"):
+    vault_data.sft_chats(ENV, seeds[:1], np.random.default_rng(0), 0.75, tip_kinds="all")
 
 
 def test_scores_equal_a_direct_forward_of_the_model():
