@@ -18,7 +18,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "configs.md")
-CONFIG_FILES = ("base.py", "sciworld.py", "webshop.py", "frozenlake.py", "sokoban.py")
+CONFIG_FILES = ("base.py", "sciworld.py", "webshop.py", "frozenlake.py", "sokoban.py", "vault.py")
 
 # (column, config key): the fields a user picks a variant by
 FIELDS = (
