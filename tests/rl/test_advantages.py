@@ -394,7 +394,9 @@ def test_estimator_registry_takes_its_settings_by_name_and_refuses_unknown_names
     assert adv.turn_advantages(turns, "toy_adv", {"gamma": 0.5}, gamma=0.25)[0] == 0.25
     with pytest.raises(ValueError, match="already registered"):
       adv.register_estimator("toy_adv")(toy)
-    with pytest.raises(ValueError, match="valid: grpo_step, grpo_rollout, gigpo, toy_adv"):
+    with pytest.raises(
+      ValueError, match="valid: grpo_step, grpo_rollout, return_positive, gigpo, toy_adv"
+    ):
       adv.turn_advantages(turns, "ppo")
   finally:
     del adv.ESTIMATORS["toy_adv"]
@@ -424,3 +426,14 @@ def test_an_estimator_declares_its_own_config_keys():
   finally:
     del adv.ESTIMATORS["toy_keys"]
   assert "toy_shift" not in defaults.get_config().advantage
+
+
+def test_return_positive_gives_one_to_every_turn_of_a_positive_return():
+  from empo2_jax.rl.batch import Turn
+
+  def turn(ret, step):
+    return Turn([], "", [1], [0.0], "off", 0, 0, step, ret)
+
+  turns = [turn(1.0, 0), turn(1.0, 1), turn(0.0, 0), turn(-1.0, 0), turn(0.5, 0)]
+  got = A.turn_advantages(turns, "return_positive")
+  np.testing.assert_array_equal(got, [1.0, 1.0, 0.0, 0.0, 1.0])
