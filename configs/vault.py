@@ -60,29 +60,26 @@ def get_config(arg=None):
     c.model.keep_layers = 3
     c.loss.low_prob_delta = -5.0  # the paper's mask (embedded_model sets -10 for ScienceWorld)
     c.optim.lr = 3e-4
-    c.sft.steps = 1100
-    c.sft.batch_rows = 8
-    c.sft.micro_rows = 8
-    c.sft.lr = 3e-4
+    _sft(c, steps=1100, rows=8, micro=8, lr=3e-4)
   if args.get("scratch"):
     c.model.preset = "smollm2-small"
     c.model.random_init = True
     c.model.tokenizer = "embedded:smollm2-135m-instruct"
     c.optim.lr = 1e-3
-    c.sft.steps = 600
-    c.sft.batch_rows = 32
-    c.sft.micro_rows = 32
-    c.sft.lr = 2e-3
+    _sft(c, steps=600, rows=32, micro=32, lr=2e-3)
   if args.get("cpu"):
     defaults.embedded_model(c)
     c.optim.minibatch_size = 8
     c.optim.micro_rows = 1
-    c.sft.steps = 60
-    c.sft.batch_rows = 8
-    c.sft.micro_rows = 2
-    c.sft.lr = 5e-5
+    _sft(c, steps=60, rows=8, micro=2, lr=5e-5)
   if args.get("tiny"):
     defaults.tiny_model(c)
     c.env.max_steps = 1
+    c.env.num_test_variations = 16  # tiny_model's 1 test variation: the bench scores 16
   c.lock()
   return c
+
+
+def _sft(c, *, steps: int, rows: int, micro: int, lr: float) -> None:
+  """The start's SFT: `steps` steps of `rows` chats in micro-batches of `micro` at `lr`."""
+  c.sft.steps, c.sft.batch_rows, c.sft.micro_rows, c.sft.lr = steps, rows, micro, lr

@@ -21,7 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-FIGURES = ("greedy", "p_code", "unseen_greedy", "unseen_p_code", "with_tips_p_code")
+FIGURES = (
+  "greedy", "p_code", "unseen_greedy", "unseen_p_code", "with_tips_p_code", "greedy_own_code",
+)  # fmt: skip
 DISTILS_PP, NOT_DISTILS_PP, P_MIN = 0.25, 0.10, 0.50
 
 
@@ -44,7 +46,12 @@ def figures(rec: dict) -> dict:
   def series(key):
     return [m[key] for m in mets if key in m]
 
+  shared = _shared_code_vaults(list(s["trained"]))
+  own = [v for v in s["trained"] if v not in shared]
   out = {
+    "greedy_own_code": float(np.mean([float(s["trained"][v]["greedy"]) for v in own]))
+    if own
+    else float("nan"),
     "greedy": mean("trained", "greedy"),
     "p_code": mean("trained", "logp"),
     "unseen_greedy": mean("unseen", "greedy"),
@@ -66,6 +73,16 @@ def figures(rec: dict) -> dict:
     if r:
       out[f"ratio_{q}"] = float(np.median(r))
   return out
+
+
+def _shared_code_vaults(vaults) -> set:
+  """The trained vaults whose code another trained vault also has (default buttons and length):
+  a policy that answers a code common in the memory scores on all of them (a post-hoc measure:
+  `greedy_own_code` leaves them out)."""
+  from empo2_jax.envs.vault import vault_code
+
+  codes = {v: tuple(vault_code(int(v))) for v in vaults}
+  return {v for v in vaults if sum(c == codes[v] for c in codes.values()) > 1}
 
 
 def t_interval(x) -> tuple[float, float, float]:
@@ -164,7 +181,8 @@ def table(rows: dict, gate_holds: bool) -> str:
 
 
 def plot_success(rows: dict, path: str) -> None:
-  """Per arm, trained vs unseen tip-free greedy success, mean over seeds with 95% t-intervals."""
+  """Per arm, trained vs unseen tip-free greedy success, mean over seeds with 95% t-intervals
+  (cut to [0, 1])."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -173,11 +191,13 @@ def plot_success(rows: dict, path: str) -> None:
   arms = [a for a in ORDER if a in rows]
   fig, ax = plt.subplots(figsize=(7, 3.2))
   for j, (key, label) in enumerate((("greedy", "trained vaults"), ("unseen_greedy", "unseen"))):
-    means, errs = [], []
+    means, errs = [], [[], []]
     for a in arms:
       m, lo, hi = t_interval(rows[a]["per_seed"][key]) if "per_seed" in rows[a] else (0, 0, 0)
       means.append(m)
-      errs.append(0.0 if math.isnan(lo) else hi - m)
+      lo, hi = (m, m) if math.isnan(lo) else (max(lo, 0.0), min(hi, 1.0))  # a share: [0, 1]
+      errs[0].append(m - lo)
+      errs[1].append(hi - m)
     xs = np.arange(len(arms)) + (j - 0.5) * 0.38
     ax.bar(xs, means, 0.38, yerr=errs, capsize=3, label=label)
   ax.axhline(1 / 64, color="gray", lw=0.8, ls="--", label="chance (1/64)")
@@ -212,6 +232,13 @@ def report(records_dir: str, plot: Optional[str] = None) -> str:
       f"({gate['episodes_each']} episodes each); holds: {gate['holds']}"
     )
   out.append(table(rows, bool(gate.get("holds"))))
+  out.append("")
+  out.append("| arm | greedy, vaults with a code of their own (post hoc) | - D (95% CI) |")
+  out.append("|---|---|---|")
+  for arm in [a for a in ORDER if a in rows]:
+    md = rows[arm]["minus_d"].get("greedy_own_code")
+    own = rows[arm]["figures"].get("greedy_own_code", float("nan"))
+    out.append(f"| {arm} | {own:.3f} | {_fmt_interval(md) if md else '-'} |")
   out.append("")
   out.append("| arm | train success (last it.) | mixed groups | abs adv | ratio p5/p50/p95 | "
              "teacher KL first -> last | OPID abs added / abs adv |")  # fmt: skip

@@ -180,3 +180,13 @@ def test_the_bench_command_end_to_end(tmp_path):
   )  # fmt: skip
   assert rep.returncode == 0, rep.stderr[-2000:]
   assert "| D | 1 |" in rep.stdout and (records / "vault_bench.png").exists()
+
+
+def test_the_post_hoc_measure_leaves_out_vaults_that_share_a_code():
+  vaults = [str(v) for v in range(8)]
+  shared = vault_report._shared_code_vaults(vaults)
+  codes = [tuple(vault_code(v)) for v in range(8)]
+  assert shared == {str(v) for v in range(8) if codes.count(codes[v]) > 1}
+  assert shared == {"0", "6"}  # the bench's trained vaults: both "gold || red || red"
+  rec = _record("A", 0, 0.25)  # right on vaults 0 and 1
+  assert vault_report.figures(rec)["greedy_own_code"] == 1 / 6  # vault 1 of the six
