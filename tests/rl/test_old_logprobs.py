@@ -249,8 +249,8 @@ def test_settings_pick_the_sampler_only_where_valid():
     c = _cpu_config(**over)
     assert settings.old_logp_source(c)[0] == "recompute", over
     assert settings.update_config(c).old_logp_source == "recompute", over
-  with pytest.raises(ValueError):
-    settings.old_logp_source(_cpu_config(**{"optim.old_logp_source": "cache"}))
+  with pytest.raises(ValueError, match="optim.old_logp_source='cache'"):
+    settings.update_config(_cpu_config(**{"optim.old_logp_source": "cache"}))
 
 
 def test_per_iteration_choice_keeps_recompute_off_policy_and_for_sge():
