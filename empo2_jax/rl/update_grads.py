@@ -168,6 +168,28 @@ def ratio_measures(x, adv, cfg) -> dict:
   }
 
 
+def term_inputs(d, agg: str, **given) -> loss_terms.TermInputs:
+  """The loss terms' inputs from batch leaves whose last axes are [T] (per turn) or [T, R] (per
+  token), any leading axes before them ([mb] of a micro-batch, [n_micro, mb] of a slot): every
+  turn a row ([N, R] / [N]), teacher_mask broadcast over the response; `given` sets the rest
+  (logp, entropy, the denominators, the mini-batch stats)."""
+  lead = d["mask"].ndim - 1  # the axes before R: ... x T
+  flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[lead:])  # noqa: E731
+  teacher_mask = d.get("teacher_mask")
+  if teacher_mask is not None:  # [..., T] -> [..., T, R]
+    teacher_mask = jnp.broadcast_to(teacher_mask[..., None], d["mask"].shape)
+  return loss_terms.TermInputs(
+    old_logp=flat(d["old_logp"]),
+    mask=flat(d["mask"]),
+    adv=flat(d["advantages"]),
+    agg=agg,
+    ref_logp=flat(d.get("ref_logp")),
+    teacher_logp=flat(d.get("teacher_logp")),
+    teacher_mask=flat(teacher_mask),
+    **{"logp": None, **given},
+  )
+
+
 def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, setup, stats=None):
   """The policy loss (docs/method.md §5; cfg.loss.policy_loss) of one micro-batch d, leaves [mb,
   ...]: cur_tokens / cur_attn [mb, L], cur_starts [mb, T], old_logp / mask (the low-prob-masked
@@ -204,19 +226,11 @@ def minibatch_loss(params, d, token_denom, seq_denom, layer_grads=None, *, setup
     "_diff_n": jnp.sum(real).astype(jnp.float32),
     "_diff_max": jnp.max(diff),
   }
-  teacher_mask = d.get("teacher_mask")
-  if teacher_mask is not None:  # [mb, T] -> [mb, T, R]
-    teacher_mask = jnp.broadcast_to(teacher_mask[..., None], logp.shape)
-  x = loss_terms.TermInputs(
+  x = term_inputs(
+    d,
+    lcfg.agg,
     logp=flat(logp),
-    old_logp=flat(d["old_logp"]),
-    mask=flat(d["mask"]),
-    adv=flat(d["advantages"]),
-    agg=lcfg.agg,
     entropy=flat(ent),
-    ref_logp=flat(d.get("ref_logp")),
-    teacher_logp=flat(d.get("teacher_logp")),
-    teacher_mask=flat(teacher_mask),
     token_denom=token_denom,
     seq_denom=seq_denom,
     stats=stats,
@@ -294,21 +308,7 @@ def slot_stats(d, setup) -> dict:
   inputs without gradient: old_logp, mask, advantages, teacher_logp, teacher_mask), computed once
   before its micro-batches (rl/loss_terms.slot_stats): what makes a term's gradient the same
   however the slot is cut into micro-batches."""
-  teacher_mask = d.get("teacher_mask")
-  if teacher_mask is not None:  # [n, mb, T] -> [n, mb, T, R]
-    teacher_mask = jnp.broadcast_to(teacher_mask[..., None], d["mask"].shape)
-  r = d["mask"].shape[-1]
-  flat = lambda x: None if x is None else x.reshape(-1, r)  # noqa: E731  every turn a row
-  x = loss_terms.TermInputs(
-    logp=None,
-    old_logp=flat(d["old_logp"]),
-    mask=flat(d["mask"]),
-    adv=d["advantages"].reshape((-1,) + d["advantages"].shape[3:]),
-    agg=setup.cfg.loss.agg,
-    teacher_logp=flat(d.get("teacher_logp")),
-    teacher_mask=flat(teacher_mask),
-  )
-  return loss_terms.slot_stats(x, setup.cfg.loss)
+  return loss_terms.slot_stats(term_inputs(d, setup.cfg.loss.agg), setup.cfg.loss)
 
 
 def minibatch_step(state, d, *, setup):
