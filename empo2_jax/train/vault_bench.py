@@ -29,6 +29,7 @@ import jax
 from empo2_jax import methods
 from empo2_jax.config_keys import lookup
 from empo2_jax.train import vault_data
+from empo2_jax.train.view_metrics import mixed_share
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +190,6 @@ class Bench:
           with contextlib.closing(trainer.rollout(self.trained, mode, key)) as roll:
             eps = [e for e in roll.episodes if not e.env_failed]
           succ += [float(e.success) for e in eps]
-          from empo2_jax.train.view_metrics import mixed_share
-
           mixed.append(mixed_share(eps))
         res[label] = {"success": float(np.mean(succ)), "groups_mixed": float(np.mean(mixed))}
       res["exact"] = self._scores(trainer)

@@ -53,8 +53,8 @@ def oracle_tip(seed: int, cfg: vault.VaultConfig) -> str:
 
 def first_message(env: vault.VaultEnv, seed: int, tips: Sequence[str] = ()) -> list[dict]:
   """The chat of a vault's episode up to its one answer (the actor's first user message)."""
-  material = vault.VaultMaterial(env.task_description, env.instruction())
-  obs = f"Vault: {vault.vault_name(seed)}."
+  material = vault.materials(env, TASK, [seed], 0)[(TASK, seed)]
+  obs = env.make_game(seed).grid()  # what reset shows, without resetting the env
   return [{"role": "user", "content": vault.first_user_message(material, obs, tips)}]
 
 
