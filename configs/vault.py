@@ -30,6 +30,7 @@ def get_config(arg=None):
   c.env.max_actions = 3
   c.env.code_length = 3
   c.env.partial_score = False
+  c.env.distinct_codes = False  # True: each split's vaults have pairwise distinct codes
   c.env.num_train_variations = 8
   c.env.num_test_variations = 16
   c.env.few_shot = 0

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from empo2_jax.envs import puzzle_suite, puzzles, registry
-from empo2_jax.envs.base import PromptSet
+from empo2_jax.envs.base import PromptSet, Split
 from empo2_jax.envs.puzzles import Game, PuzzleConfig, PuzzleEnv
 from empo2_jax.tips import tip_block
 
@@ -75,6 +75,8 @@ class VaultConfig(PuzzleConfig):
   code_length: int = 3
   buttons: tuple = BUTTONS
   partial_score: bool = False  # 1/code_length per button in its place instead of all-or-nothing
+  # used_variations: each split's first N vaults whose codes differ from every earlier one kept
+  distinct_codes: bool = False
 
   def __post_init__(self):
     super().__post_init__()
@@ -144,6 +146,29 @@ class VaultEnv(PuzzleEnv):
   def _observation(self, state: str) -> str:
     return state
 
+  def used_variations(self, task: str, split: Split) -> list[int]:
+    """The split's first N seeds, or with `distinct_codes` its first N seeds whose codes differ
+    from every earlier one kept (a policy that answers one code then opens one vault at most)."""
+    if not self.config.distinct_codes:
+      return super().used_variations(task, split)
+    self._check_task(task)
+    n, c = self.config.num_variations(split), self.config
+    out, codes = [], set()
+    for s in puzzles.seeds(split):
+      if len(out) == n:
+        break
+      code = tuple(vault_code(s, c.code_length, c.buttons))
+      if code not in codes:
+        out.append(s)
+        codes.add(code)
+    if len(out) < n:
+      raise ValueError(
+        f"the {split} split has {len(out)} vaults of distinct codes "
+        f"({len(c.buttons)}**{c.code_length} codes), fewer than the {n} asked: ask for fewer "
+        f"variations or set env.distinct_codes=False"
+      )
+    return out
+
 
 @dataclasses.dataclass(frozen=True)
 class VaultMaterial:
@@ -171,7 +196,7 @@ def step_user_message(observation: str, tips: Sequence[str] = ()) -> str:
 
 
 PROMPTS = PromptSet(first_user_message, step_user_message, score_out_of=None)
-FIELDS = ("code_length", "buttons", "partial_score")
+FIELDS = ("code_length", "buttons", "partial_score", "distinct_codes")
 
 
 def env_config(c) -> VaultConfig:

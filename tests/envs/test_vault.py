@@ -106,3 +106,29 @@ def test_a_vault_retrieves_only_its_own_tip():
   assert code_text(vault_code(2)) in tips[2] and "score 1" in tips[2]
   # a vault with no slot retrieves nothing (an unseen vault in training)
   assert memory.retrieve([(TASK, 9)], keys[:1]) == [[]]
+
+
+def test_distinct_codes_keeps_each_splits_first_vaults_of_new_codes():
+  """env.distinct_codes: a split's used vaults are, in seed order, the first N whose code no
+  earlier kept vault has (checked against a plain loop over the seeds); off, the first N seeds."""
+  from empo2_jax.envs import puzzles
+
+  cfg = VaultConfig(num_train_variations=8, num_test_variations=16, distinct_codes=True)
+  env = VaultEnv(cfg)
+  for split, n in (("train", 8), ("test", 16)):
+    got = env.used_variations(TASK, split)
+    want, seen = [], []
+    for s in puzzles.seeds(split):
+      if vault_code(s) not in seen:
+        want.append(s)
+        seen.append(vault_code(s))
+      if len(want) == n:
+        break
+    assert got == want and len({tuple(vault_code(s)) for s in got}) == n
+  # the default keeps the first seeds; the train split's seeds 0 and 6 share a code
+  plain = VaultEnv(VaultConfig(num_train_variations=8)).used_variations(TASK, "train")
+  assert plain == list(range(8)) and vault_code(0) == vault_code(6)
+  assert 6 not in env.used_variations(TASK, "train")
+  too_many = VaultEnv(VaultConfig(num_train_variations=65, distinct_codes=True))
+  with pytest.raises(ValueError, match="distinct codes"):
+    too_many.used_variations(TASK, "train")
