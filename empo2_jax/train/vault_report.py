@@ -232,13 +232,14 @@ def report(records_dir: str, plot: Optional[str] = None) -> str:
       f"({gate['episodes_each']} episodes each); holds: {gate['holds']}"
     )
   out.append(table(rows, bool(gate.get("holds"))))
-  out.append("")
-  out.append("| arm | greedy, vaults with a code of their own (post hoc) | - D (95% CI) |")
-  out.append("|---|---|---|")
-  for arm in [a for a in ORDER if a in rows]:
-    md = rows[arm]["minus_d"].get("greedy_own_code")
-    own = rows[arm]["figures"].get("greedy_own_code", float("nan"))
-    out.append(f"| {arm} | {own:.3f} | {_fmt_interval(md) if md else '-'} |")
+  if any(_shared_code_vaults(list(r["scores"]["trained"])) for r in recs):
+    out.append("")
+    out.append("| arm | greedy, vaults with a code of their own (post hoc) | - D (95% CI) |")
+    out.append("|---|---|---|")
+    for arm in [a for a in ORDER if a in rows]:
+      md = rows[arm]["minus_d"].get("greedy_own_code")
+      own = rows[arm]["figures"].get("greedy_own_code", float("nan"))
+      out.append(f"| {arm} | {own:.3f} | {_fmt_interval(md) if md else '-'} |")
   out.append("")
   out.append("| arm | train success (last it.) | mixed groups | abs adv | ratio p5/p50/p95 | "
              "teacher KL first -> last | OPID abs added / abs adv |")  # fmt: skip

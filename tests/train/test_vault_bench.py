@@ -190,3 +190,18 @@ def test_the_post_hoc_measure_leaves_out_vaults_that_share_a_code():
   assert shared == {"0", "6"}  # the bench's trained vaults: both "gold || red || red"
   rec = _record("A", 0, 0.25)  # right on vaults 0 and 1
   assert vault_report.figures(rec)["greedy_own_code"] == 1 / 6  # vault 1 of the six
+
+
+def test_the_report_shows_the_post_hoc_table_only_where_vaults_share_a_code(tmp_path):
+  """Trained vaults 0-7 (0 and 6 share a code): the report adds the post-hoc table; the distinct
+  codes' vaults (0-5, 7, 8): one table, whose greedy column is the primary measure."""
+  for name, vaults in (("shared", range(8)), ("distinct", (0, 1, 2, 3, 4, 5, 7, 8))):
+    (tmp_path / name / "arms").mkdir(parents=True)
+    for arm, seed, greedy in (("D", 0, 0.0), ("D", 1, 0.0), ("F", 0, 0.25), ("F", 1, 0.5)):
+      rec = _record(arm, seed, greedy)
+      for part in ("trained", "trained_with_tips"):
+        rec["scores"][part] = dict(zip([str(v) for v in vaults], rec["scores"][part].values()))
+      (tmp_path / name / "arms" / f"{arm}_s{seed}.json").write_text(json.dumps(rec))
+  assert "post hoc" in vault_report.report(str(tmp_path / "shared"))
+  distinct = vault_report.report(str(tmp_path / "distinct"))
+  assert "post hoc" not in distinct and "| F | 2 | 0.375 | +0.375 [" in distinct
