@@ -13,6 +13,8 @@ The arms run only when the gate holds (with-tip success 0.60-0.90, tip-free <= 0
 trained vaults); otherwise the command stops and says so: change the start, not the arms.
 --root holds the start's weights and each arm-seed's workdir while it runs (removed after its
 record is written); --records holds what is kept: start.json, gate.json, arms/<arm>_s<seed>.json.
+Records whose start's weights are gone (a fresh machine) get the start built again and its gate
+measured again (start_rebuilt.json, gate_rebuilt.json); the arms go on only if that gate holds.
 """
 
 import sys
@@ -80,7 +82,8 @@ def main(argv):
   if not gate["holds"] and not _IGNORE_GATE.value:
     sys.exit(
       "error: the gate does not hold (with-tip success must be in [0.60, 0.90] and tip-free "
-      f"<= 0.03; {records}/gate.json): change the start (--p_copy, sft.steps), not the arms"
+      f"<= 0.03; {records}/{'gate_rebuilt' if bench.rebuilt else 'gate'}.json): change the "
+      "start (--p_copy, sft.steps), not the arms"
     )
   if _GATE_ONLY.value:
     return

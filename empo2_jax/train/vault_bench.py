@@ -136,6 +136,7 @@ class Bench:
     if len(set(names)) != len(names):
       raise ValueError(f"the bench's vaults share names: {names}; choose other variation counts")
     self.names = names
+    self.rebuilt = False  # the start's weights were gone and were built again (start())
 
   @property
   def start_hf(self) -> str:
@@ -144,11 +145,16 @@ class Bench:
   # -------------------------------------------------------------------------------- the start
   def start(self) -> dict:
     """The format SFT (train/sft_loop.run_sft on vault_data.sft_chats) of the config's model,
-    once: its summary (with the data's figures), also in <records>/start.json."""
+    once: its summary (with the data's figures), also in <records>/start.json. Records whose
+    start's weights are gone (a fresh machine) get the start built again, its summary in
+    start_rebuilt.json, and gate() measures the rebuilt start again."""
     out = os.path.join(self.records, "start.json")
     if os.path.exists(out) and os.path.isdir(self.start_hf):
       with open(out) as f:
         return json.load(f)
+    self.rebuilt = os.path.exists(out)
+    if self.rebuilt:
+      out = os.path.join(self.records, "start_rebuilt.json")
     from empo2_jax.train.sft_loop import run_sft
     from empo2_jax.train.trainer import Trainer
 
@@ -174,11 +180,15 @@ class Bench:
     """The start's figures on the trained vaults (<records>/gate.json): sampled success at the
     rollout temperature with the oracle tips and without (variations x group_size x `repeats`
     episodes each), the share of groups with mixed outcomes, and the exact code probabilities.
-    The gate holds when with-tip success is in [0.60, 0.90] and tip-free success <= 0.03."""
-    out = os.path.join(self.records, "gate.json")
-    if os.path.exists(out):
-      with open(out) as f:
-        return json.load(f)
+    The gate holds when with-tip success is in [0.60, 0.90] and tip-free success <= 0.03. A
+    rebuilt start (start()) is measured again, into gate_rebuilt.json: its arms run only if that
+    gate holds too."""
+    rebuilt = os.path.join(self.records, "gate_rebuilt.json")
+    out = rebuilt if self.rebuilt else os.path.join(self.records, "gate.json")
+    for done in () if self.rebuilt else (rebuilt, out):  # a rebuilt start's gate comes first
+      if os.path.exists(done):
+        with open(done) as f:
+          return json.load(f)
     arm = dataclasses.replace(ARMS["A"], overrides={"empo2.force_mode": "on_tips"})
     c = arm_config(self.c, arm, 0, self.start_hf)
     res: dict = {"episodes_each": len(self.trained) * c.rollout.group_size * repeats}

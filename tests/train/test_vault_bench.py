@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -174,6 +175,14 @@ def test_the_bench_command_end_to_end(tmp_path):
   assert not (root / "runs" / "F_s0").exists()  # the workdir goes once the record is written
   again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert again.returncode == 0 and "vault arm=F seed=0" in again.stdout
+  # the start's weights gone (a fresh machine): built and gated again, the first gate kept
+  first_gate = (records / "gate.json").read_text()
+  shutil.rmtree(root / "start")
+  rebuilt = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+  assert (records / "gate.json").read_text() == first_gate
+  assert (records / "start_rebuilt.json").exists() and (records / "gate_rebuilt.json").exists()
+  assert "vault arm=F seed=0" in rebuilt.stdout  # the records stand: no arm-seed reruns
   rep = subprocess.run(
     [sys.executable, "launch/vault_bench.py", f"--records={records}", "--report"],
     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
