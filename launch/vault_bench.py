@@ -89,7 +89,11 @@ def main(argv):
     return
   for seed in seeds:
     for name in _ARMS.value:
-      rec = bench.arm(name, seed, _ITERATIONS.value or None)
+      try:
+        rec = bench.arm(name, seed, _ITERATIONS.value or None)
+      except vault_bench.Preempted as e:
+        print(f"preempted: {e}", flush=True)
+        return  # exit status 0, as a preempted training run; the rerun resumes here
       tr = rec["scores"]["trained"]
       greedy = sum(v["greedy"] for v in tr.values()) / len(tr)
       print(f"vault arm={name} seed={seed} trained_greedy={greedy:.3f} s={rec['seconds']:.0f}")

@@ -75,6 +75,10 @@ ARMS = {
 }
 
 
+class Preempted(RuntimeError):
+  """An arm-seed's training stopped before its last iteration (SIGTERM); nothing was recorded."""
+
+
 def arm_config(base, arm: Arm, seed: int, start_hf: str):
   """The config of one arm-seed: `base` (copied) with the arm's method and overrides, the seed,
   the start's weights and a frozen memory (the bench installs it after the trainer is built)."""
@@ -226,6 +230,11 @@ class Bench:
     t0 = time.perf_counter()
     with self._trainer(c, f"{name}_s{seed}", arm.memory) as trainer:
       history = trainer.run()  # closes the trainer; its params stay
+      if trainer.preempted:  # stopped short (SIGTERM): no record, the rerun redoes this arm-seed
+        raise Preempted(
+          f"arm {name} seed {seed} stopped after iteration {trainer.iteration} of "
+          f"{c.train.iterations} (SIGTERM); no record written, a rerun starts this arm-seed over"
+        )
       scores = self._scores(trainer)
     record = {
       "arm": name,
@@ -282,4 +291,4 @@ class Bench:
     }
 
 
-__all__ = ["Arm", "ARMS", "KEPT", "Bench", "arm_config"]
+__all__ = ["Arm", "ARMS", "KEPT", "Bench", "Preempted", "arm_config"]

@@ -214,3 +214,33 @@ def test_the_report_shows_the_post_hoc_table_only_where_vaults_share_a_code(tmp_
   assert "post hoc" in vault_report.report(str(tmp_path / "shared"))
   distinct = vault_report.report(str(tmp_path / "distinct"))
   assert "post hoc" not in distinct and "| F | 2 | 0.375 | +0.375 [" in distinct
+
+
+def test_an_arm_seed_stopped_short_writes_no_record_and_a_whole_one_does(tmp_path, monkeypatch):
+  """SIGTERM ends a trainer's run early with `preempted` set: the bench must not record that
+  arm-seed (its scores would be of a partly trained model) and says so; a run that finishes is
+  recorded with one metrics row per iteration."""
+  import contextlib
+
+  from empo2_jax.defaults import load_config
+  from empo2_jax.train import vault_bench
+
+  class Stub:
+    def __init__(self, done, total):
+      self.iteration, self.preempted, self.total = done, done < total, total
+
+    def run(self):
+      return [{"iteration": i, "success": 0.5} for i in range(self.iteration)]
+
+  c = load_config(os.path.join(ROOT, "configs", "vault.py:tiny"))
+  bench = vault_bench.Bench(c, str(tmp_path / "root"), str(tmp_path / "rec"))
+  done = {"n": 1}
+  monkeypatch.setattr(bench, "_trainer", lambda cfg, *_: contextlib.nullcontext(Stub(done["n"], 3)))
+  monkeypatch.setattr(bench, "_scores", lambda trainer: {"trained": {}, "unseen": {}})
+  with pytest.raises(vault_bench.Preempted, match="stopped after iteration 1 of 3"):
+    bench.arm("D", 0, iterations=3)
+  assert not (tmp_path / "rec" / "arms" / "D_s0.json").exists()
+  done["n"] = 3
+  rec = bench.arm("D", 0, iterations=3)
+  assert rec["iterations"] == 3 and len(rec["metrics"]) == 3
+  assert (tmp_path / "rec" / "arms" / "D_s0.json").exists()
