@@ -214,8 +214,10 @@ def plot_success(rows: dict, path: str) -> None:
 def report(records_dir: str, plot: Optional[str] = None) -> str:
   """The gate line, the table, the machinery figures; writes the plot when a path is given."""
   recs = read_records(records_dir)
+  short = [r for r in recs if len(r["metrics"]) < r["iterations"]]
+  recs = [r for r in recs if len(r["metrics"]) >= r["iterations"]]
   if not recs:
-    raise FileNotFoundError(f"no arm records under {records_dir}/arms: run the bench first")
+    raise FileNotFoundError(f"no complete arm records under {records_dir}/arms: run the bench")
   gate_path = os.path.join(records_dir, "gate.json")
   gate = json.load(open(gate_path)) if os.path.exists(gate_path) else {}
   rows = summarize(recs)
@@ -230,6 +232,13 @@ def report(records_dir: str, plot: Optional[str] = None) -> str:
       f"gate: with-tip success {gate['with_tips']['success']:.3f}, tip-free "
       f"{gate['tip_free']['success']:.3f}, mixed groups {gate['with_tips']['groups_mixed']:.3f} "
       f"({gate['episodes_each']} episodes each); holds: {gate['holds']}"
+    )
+  if short:
+    out.append(
+      "left out, stopped before their last iteration (delete and rerun them): "
+      + ", ".join(
+        f"{r['arm']}_s{r['seed']} ({len(r['metrics'])} of {r['iterations']})" for r in short
+      )
     )
   out.append(table(rows, bool(gate.get("holds"))))
   if any(_shared_code_vaults(list(r["scores"]["trained"])) for r in recs):

@@ -107,7 +107,7 @@ def _record(arm, seed, greedy, unseen=0.0, kl=None, added=None, adv=0.5):
   if added is not None:
     mets = [{**m, "loss/opid/abs_added": added, "loss/opid/abs_adv": 0.8} for m in mets]
   scores = {"trained": trained, "unseen": unseen_s, "trained_with_tips": trained}
-  return {"arm": arm, "seed": seed, "metrics": mets, "scores": scores}
+  return {"arm": arm, "seed": seed, "iterations": len(mets), "metrics": mets, "scores": scores}
 
 
 def test_paired_differences_and_intervals_match_hand_computed_values():
@@ -212,8 +212,11 @@ def test_the_report_shows_the_post_hoc_table_only_where_vaults_share_a_code(tmp_
         rec["scores"][part] = dict(zip([str(v) for v in vaults], rec["scores"][part].values()))
       (tmp_path / name / "arms" / f"{arm}_s{seed}.json").write_text(json.dumps(rec))
   assert "post hoc" in vault_report.report(str(tmp_path / "shared"))
+  short = {**_record("F", 2, 1.0), "iterations": 10}  # stopped after 2 of 10 iterations
+  (tmp_path / "distinct" / "arms" / "F_s2.json").write_text(json.dumps(short))
   distinct = vault_report.report(str(tmp_path / "distinct"))
   assert "post hoc" not in distinct and "| F | 2 | 0.375 | +0.375 [" in distinct
+  assert "stopped before their last iteration (delete and rerun them): F_s2 (2 of 10)" in distinct
 
 
 def test_an_arm_seed_stopped_short_writes_no_record_and_a_whole_one_does(tmp_path, monkeypatch):
