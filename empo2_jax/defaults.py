@@ -100,6 +100,8 @@ def get_config(arg=None):
   # frozen: the memory is read but never written (each episode still gets its tip, for the
   # methods that read it): a memory built beforehand stays as it is (the vault bench's oracle
   # tips, docs/vault_bench.md).
+  # oracle: the memory holds one tip a training variation, its gold path (memory/oracle.py), and
+  # every step of that variation retrieves it (no similarity threshold); needs frozen=True.
   c.memory = dict(
     max_entries=1000,
     threshold=0.5,
@@ -108,6 +110,7 @@ def get_config(arg=None):
     unseen_fallback="task",
     init_from="",
     frozen=False,
+    oracle=False,
   )
 
   c.loss = dict(

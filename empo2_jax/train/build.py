@@ -57,6 +57,11 @@ def check_config(c) -> None:
       f"train.eval_batch={c.train.eval_batch}; pass the episodes to sample at once (>= 1), "
       "or 0 for a training rollout's variations_per_iter x group_size"
     )
+  if c.memory.oracle and (not c.memory.frozen or c.memory.init_from):
+    raise ConfigError(
+      "memory.oracle=True builds the memory from the gold paths and keeps it as built: set "
+      "--config.memory.frozen=True and leave memory.init_from empty"
+    )
   from empo2_jax.memory.index import RetrievalConfig
   from empo2_jax.sampling.sampler import SamplerSettings
   from empo2_jax.train import settings
@@ -306,6 +311,7 @@ def materials(c, env, variations) -> dict:
 def memory(c):
   """(encoder, store, index) for config.memory."""
   from empo2_jax.memory.index import MemoryIndex, RetrievalConfig
+  from empo2_jax.memory.oracle import ORACLE_THRESHOLD
   from empo2_jax.memory.store import MemoryStore
   from empo2_jax.model.encoder import Encoder
 
@@ -314,7 +320,7 @@ def memory(c):
   index = MemoryIndex(
     store,
     RetrievalConfig(
-      threshold=c.memory.threshold,
+      threshold=ORACLE_THRESHOLD if c.memory.oracle else c.memory.threshold,
       top_k=c.memory.top_k,
       unseen_fallback=c.memory.unseen_fallback,
     ),
@@ -326,7 +332,8 @@ def rollout_setup(c):
   """(pool, train variations, test variations, materials, Memory): what a run's rollouts need
   beside the policy: the env's worker pool (`envs`), the task's used variations of each split,
   their prompt material and the tip memory (`memory`; memory.init_from: a memory another run
-  built, which the run's own checkpoint replaces on resume). No worker or JVM outlives a failed
+  built, memory.oracle: the training variations' gold paths, memory/oracle.py; the run's own
+  checkpoint replaces either on resume). No worker or JVM outlives a failed
   start."""
   from empo2_jax.agent.memory import Memory
   from empo2_jax.train import checkpoint as ckpt_lib
@@ -347,6 +354,13 @@ def rollout_setup(c):
         )
       mem.replace_store(store)
       log.info("memory from %s step %d: %d tips", c.memory.init_from, step, len(store))
+    if c.memory.oracle:  # the gold path of each training variation as its one tip
+      from empo2_jax.memory.oracle import oracle_store
+
+      mem.replace_store(
+        oracle_store(mem.encoder, env, task, train_variations, c.memory.max_entries)
+      )
+      log.info("oracle memory: %d gold-path tips", len(mem.store))
   except BaseException:
     pool.close()
     raise
