@@ -87,12 +87,26 @@ eps = {k: [json.loads(l) for l in open(f"{src}/{k}.jsonl")] for k in ("with", "w
 assert all(e["tips"] for e in eps["with"]), "an episode with memory was shown no oracle tip"
 rate = {k: sum(e["success"] for e in v) / len(v) for k, v in eps.items()}
 gap = rate["with"] - rate["without"]
+lead = "in order: "
+gold = {e["variation"]: e["tips"][0].split(lead, 1)[1].rstrip(".").split("; ") for e in eps["with"]}
+
+
+def in_order(e):  # how many of the gold path's actions the episode executed, in order
+  k, g = 0, gold[e["variation"]]
+  for a in e["turns"]["executed_action"]:
+    k += k < len(g) and a == g[k]
+  return k
+
+
 out = {"with_tips": rate["with"], "tip_free": rate["without"], "gap": gap,
-       "gap_pp_needed": gap_pp, "holds": bool(100 * gap >= gap_pp),
-       "episodes": {k: [{f: e[f] for f in keep} for e in v] for k, v in eps.items()}}
+       "gap_pp_needed": gap_pp, "holds": bool(100 * gap >= gap_pp), "gold_paths": gold,
+       "episodes": {k: [{**{f: e[f] for f in keep}, "gold_in_order": in_order(e)} for e in v]
+                    for k, v in eps.items()}}
 json.dump(out, open(dst, "w"), indent=1)
+follow = {k: sum(e["gold_in_order"] for e in v) / len(v) for k, v in out["episodes"].items()}
 print(f"gap: with oracle tips {out['with_tips']:.3f}, without {out['tip_free']:.3f}, "
-      f"gap {gap:+.3f} (needs >= {gap_pp / 100:.2f}): holds={out['holds']}")
+      f"gap {gap:+.3f} (needs >= {gap_pp / 100:.2f}): holds={out['holds']}; gold actions "
+      f"executed in order, mean: with {follow['with']:.3f}, without {follow['without']:.3f}")
 EOF
 }
 
