@@ -128,7 +128,7 @@ def decide(arm: str, rows: dict, gate_holds: bool) -> str:
     return ""
   mean, low, high, diffs = row["minus_d"]["greedy"]
   w = rows.get("W", {}).get("minus_d", {}).get("greedy")
-  w_ok = w is None or abs(w[0]) < 0.10
+  w_ok = w is not None and abs(w[0]) < 0.10  # without the negative control no arm distils
   unseen = row["figures"].get("unseen_greedy", 0.0)
   at_chance = unseen <= 0.10
   if mean >= DISTILS_PP and low > 0 and all(x > 0 for x in diffs) and w_ok and at_chance:

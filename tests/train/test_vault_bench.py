@@ -138,6 +138,8 @@ def test_decision_rules():
   assert vault_report.decide("G", rows, gate_holds=True) == "undecided"  # machinery idle
   assert vault_report.decide("B", rows, gate_holds=True) == "undecided"  # unseen off chance
   assert vault_report.decide("F", rows, gate_holds=False) == "undecided"  # the gate failed
+  rows_no_w = vault_report.summarize(d + p + dist)
+  assert vault_report.decide("A", rows_no_w, gate_holds=True) == "undecided"  # no negative control
   rows_no_p = vault_report.summarize(d + w + flat)
   assert vault_report.decide("F", rows_no_p, gate_holds=True) == "undecided"  # no positive control
   table = vault_report.table(rows, True)
