@@ -81,14 +81,14 @@ step_gap() {
   fi
   "$PY" - "$ROOT/gap/episodes" "$ARCHIVE/gap.json" "$GAP_PP" <<'EOF'
 import json, sys
+from empo2_jax.memory.oracle import oracle_actions
 src, dst, gap_pp = sys.argv[1], sys.argv[2], float(sys.argv[3])
 keep = ("variation", "use_memory", "score", "success", "env_failed")
 eps = {k: [json.loads(l) for l in open(f"{src}/{k}.jsonl")] for k in ("with", "without")}
 assert all(e["tips"] for e in eps["with"]), "an episode with memory was shown no oracle tip"
 rate = {k: sum(e["success"] for e in v) / len(v) for k, v in eps.items()}
 gap = rate["with"] - rate["without"]
-lead = "in order: "
-gold = {e["variation"]: e["tips"][0].split(lead, 1)[1].rstrip(".").split("; ") for e in eps["with"]}
+gold = {e["variation"]: oracle_actions(e["tips"][0]) for e in eps["with"]}
 
 
 def in_order(e):  # how many of the gold path's actions the episode executed, in order
@@ -154,7 +154,7 @@ step_report() {
   "$PY" - "$ARCHIVE" <<'EOF'
 import glob, json, os, sys
 import numpy as np
-from scipy import stats
+from empo2_jax.train.vault_report import t_interval
 arch = sys.argv[1]
 gap = json.load(open(f"{arch}/gap.json"))
 print(f"gap: with oracle tips {gap['with_tips']:.3f}, tip-free {gap['tip_free']:.3f}, "
@@ -172,12 +172,11 @@ for arm, s in succ.items():
   cell = "-"
   if arm != "D" and "D" in succ:
     both = sorted(set(s) & set(succ["D"]))
-    d = np.array([s[k] - succ["D"][k] for k in both])
-    if len(d) > 1:
-      half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-      cell = f"{d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}]"
-    elif len(d) == 1:
-      cell = f"{d.mean():+.3f} (one seed)"
+    mean, low, high = t_interval([s[k] - succ["D"][k] for k in both])
+    if len(both) > 1:
+      cell = f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+    elif both:
+      cell = f"{mean:+.3f} (one seed)"
   print(f"| {arm} | {len(s)} | {np.mean(list(s.values())):.3f} | {cell} |")
 EOF
 }

@@ -5,6 +5,7 @@ right (docs/vault_bench.md, "ScienceWorld with oracle tips").
     store = oracle_store(encoder, env, task, variations, max_per_slot)
     oracle_tip(["open door to kitchen", "go to kitchen"])
     # "The actions that complete this task, in order: open door to kitchen; go to kitchen."
+    oracle_actions(tip)  # the path back, e.g. from an episode record's tips
 
 Each variation's slot holds exactly its own tip. A run with an oracle memory retrieves with no
 similarity threshold (ORACLE_THRESHOLD, train/build.memory), so every step of a training
@@ -33,6 +34,13 @@ def oracle_tip(actions: Sequence[str]) -> str:
   return _LEAD + "; ".join(actions) + "."
 
 
+def oracle_actions(tip: str) -> list[str]:
+  """The gold path an oracle_tip was written from (its inverse)."""
+  if not tip.startswith(_LEAD) or not tip.endswith("."):
+    raise ValueError(f"not an oracle tip: {tip[:80]!r}")
+  return tip[len(_LEAD) : -1].split("; ")
+
+
 def oracle_store(
   encoder, env, task: str, variations: Sequence[int], max_per_slot: int = 1000
 ) -> MemoryStore:
@@ -45,18 +53,13 @@ def oracle_store(
   tips = [oracle_tip(env.gold_actions(task, v)) for v in variations]
   store = MemoryStore(dim=encoder.dim, max_per_slot=max_per_slot)
   n = len(variations)
-  emb = encoder.encode([f"{task} variation {v}" for v in variations]) if n else None
-  batch = EntryBatch(
-    [(task, v) for v in variations],
-    tips,
-    np.ones(n, np.float32),
-    emb if n else np.zeros((0, store.dim), np.float32),
-    np.zeros(n, np.int64),
-  )
+  keys = [f"{task} variation {v}" for v in variations]
+  emb = encoder.encode(keys) if n else np.zeros((0, store.dim), np.float32)
+  batch = EntryBatch([(task, v) for v in variations], tips, np.ones(n), emb, np.zeros(n, np.int64))
   batch.add_to(store)
   if len(store) != n:
     raise RuntimeError(f"oracle memory holds {len(store)} entries for {n} variations")
   return store
 
 
-__all__ = ["ORACLE_THRESHOLD", "oracle_store", "oracle_tip"]
+__all__ = ["ORACLE_THRESHOLD", "oracle_actions", "oracle_store", "oracle_tip"]

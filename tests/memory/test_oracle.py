@@ -3,13 +3,17 @@ its own gold path as the one tip, every step retrieves it whatever its key, and 
 an oracle memory that the run could change. ScienceWorld's tips are checked against the raw
 library's gold action sequences."""
 
+import os
+
 import numpy as np
 import pytest
 
 from empo2_jax.agent.memory import Memory
 from empo2_jax.defaults import load_config
-from empo2_jax.memory.oracle import oracle_store, oracle_tip
+from empo2_jax.memory.oracle import oracle_actions, oracle_store, oracle_tip
 from empo2_jax.train import build
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Words:
@@ -42,10 +46,14 @@ def test_the_tip_lists_the_gold_actions_in_order():
   for bad in ([], ["look", " "]):
     with pytest.raises(ValueError, match="gold path"):
       oracle_tip(bad)
+  path = ["open door to kitchen", "go to kitchen", "focus on soap"]
+  assert oracle_actions(oracle_tip(path)) == path
+  with pytest.raises(ValueError, match="not an oracle tip"):
+    oracle_actions("Actions that raised the score: look around (+8)")
 
 
 def _config(**memory):
-  c = load_config("configs/vault.py:tiny")
+  c = load_config(os.path.join(ROOT, "configs", "vault.py:tiny"))
   c.unlock()
   for k, v in memory.items():
     setattr(c.memory, k, v)
@@ -98,7 +106,7 @@ def test_sciworld_gold_tips_are_the_librarys_gold_action_sequences(monkeypatch):
 
   from empo2_jax.envs.base import DEFAULT_JAVA_OPTIONS
 
-  c = load_config("configs/sciworld.py:tiny")
+  c = load_config(os.path.join(ROOT, "configs", "sciworld.py:tiny"))
   env = build.suite(c).local_env(build.env_config(c))
   task = c.env.task
   try:
